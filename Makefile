@@ -1,0 +1,36 @@
+# Two commands do everything: `make run` and `make test`.
+# Both create .venv if it is missing and install the project into it (torch pinned to the CPU wheel).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# One torch thread is usually fastest on a small shared CPU box (see README, "Threads").
+export OMP_NUM_THREADS ?= 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test install bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m trainers.cli demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/self_bleu.py
+	$(PY) bench/grpo_vs_trl.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

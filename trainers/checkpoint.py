@@ -1,0 +1,84 @@
+"""Atomic checkpoints of a GRPOTrainer and exact resume.
+
+Layout under a run directory:
+
+    checkpoints/step-000010/state.pt   trainer.state_dict(): model, optimizer, schedule, RNGs, sampler, guards
+    checkpoints/step-000010/model/     the policy as a Hugging Face directory (loadable by load_policy)
+    checkpoints/latest                 the name of the newest complete checkpoint
+
+Every checkpoint is written into a temporary directory and renamed into place, and `latest` is
+replaced atomically, so a crash mid-write never leaves a half checkpoint that resume would read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+KEEP_LAST = 2  # complete checkpoints kept on disk
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(trainer, run_dir: str | Path) -> Path:
+    """Write the trainer's full state under run_dir/checkpoints/step-N atomically; return its path."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{trainer.step_count:06d}"
+    target = root / name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        torch.save(trainer.state_dict(), tmp / "state.pt")
+        trainer.model.save_pretrained(tmp / "model")
+        trainer.tokenizer.save_pretrained(tmp / "model")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _write_text_atomically(root / "latest", name)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-KEEP_LAST]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or None if it has none."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    return path if (path / "state.pt").exists() else None
+
+
+def load_checkpoint(trainer, checkpoint: str | Path) -> None:
+    """Restore a trainer (built with the same config and tasks) from a checkpoint directory."""
+    state_path = Path(checkpoint) / "state.pt"
+    if not state_path.exists():
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no state.pt); "
+                                "pass a run directory's checkpoints/step-N directory")
+    state = torch.load(state_path, weights_only=True)
+    saved, current = state["config"], _config_dict(trainer)
+    changed = {k for k in saved if k not in ("steps", "threads") and saved.get(k) != current.get(k)}
+    if changed:
+        details = ", ".join(f"{k}: {saved[k]!r} -> {current.get(k)!r}" for k in sorted(changed))
+        raise ValueError(f"checkpoint {checkpoint} was made with a different config ({details}); "
+                         "resume with the same settings or start a new run directory")
+    trainer.load_state_dict(state)
+
+
+def _config_dict(trainer) -> dict:
+    from dataclasses import asdict
+
+    return asdict(trainer.config)

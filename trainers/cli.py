@@ -1,0 +1,124 @@
+"""The `marl` command line.
+
+    marl demo [--steps N] [--out DIR] [--resume] [--set grpo.lr=1e-4 ...]
+
+Errors are printed as one clear line (what is wrong and how to fix it) with exit status 2, never a
+traceback. Ctrl-C writes a checkpoint and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed without a traceback, exit status 2."""
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _coerce(value: str, current):
+    """Parse an override string to the type of the field's current value."""
+    if isinstance(current, bool):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {value!r}")
+    if isinstance(current, tuple):
+        return tuple(type(current[0])(part) for part in value.split(","))
+    if current is None:
+        return value
+    return type(current)(value)
+
+
+def apply_overrides(config, overrides: list[str]):
+    """Apply `a.b=value` overrides to a (nested) dataclass config; unknown keys are errors."""
+    for item in overrides:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set grpo.lr=1e-4")
+        key, value = item.split("=", 1)
+        *parents, leaf = key.strip().split(".")
+        target = config
+        for part in parents:
+            if not dataclasses.is_dataclass(target) or not hasattr(target, part):
+                raise UsageError(f"--set {key}: unknown section {part!r}")
+            target = getattr(target, part)
+        names = {f.name for f in dataclasses.fields(target)}
+        if leaf not in names:
+            raise UsageError(f"--set {key}: unknown key {leaf!r}; known keys: {', '.join(sorted(names))}")
+        try:
+            setattr(target, leaf, _coerce(value, getattr(target, leaf)))
+        except ValueError as error:
+            raise UsageError(f"--set {key}={value}: {error}") from None
+    if hasattr(config, "grpo"):
+        try:
+            config.grpo.__post_init__()
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    return config
+
+
+def _demo(args) -> int:
+    from trainers.demo import DemoConfig, RunDirectoryError, run_demo
+
+    config = DemoConfig(out=args.out, resume=args.resume, cache_dir=args.cache_dir, model=args.model)
+    if args.steps is not None:
+        config.grpo.steps = args.steps
+    if args.threads is not None:
+        config.grpo.threads = args.threads
+    if args.seed is not None:
+        config.grpo.seed = args.seed
+    apply_overrides(config, args.set)
+    _quiet_libraries()
+    try:
+        run_demo(config)
+    except RunDirectoryError as error:
+        raise UsageError(str(error)) from None
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `marl` command."""
+    parser = argparse.ArgumentParser(prog="marl", description="Train teams of LLM agents with RL.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="GRPO on the tiny addition model: accuracy before and after")
+    demo.add_argument("--steps", type=int, help="GRPO steps (default 60)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    demo.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    demo.add_argument("--threads", type=int, help="torch threads (default 1)")
+    demo.add_argument("--seed", type=int, help="seed of the RL run (default 0)")
+    demo.add_argument("--model", help="a local Hugging Face model directory to train instead of the tiny model")
+    demo.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
+    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a setting, e.g. --set grpo.lr=1e-4 (repeatable)")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `marl` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

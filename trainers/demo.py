@@ -1,0 +1,138 @@
+"""The addition demo end to end: build (or load) the tiny model, measure, train with GRPO, measure.
+
+This is what `make run` runs until the multi-agent main job exists. Held-out accuracy is measured on
+a fixed evaluation set, greedy (temperature 0) and sampled (temperature 1, fixed seed), before and
+after training; the run directory gets metrics.jsonl, a checkpoint and summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from marl.addition import AdditionSplits, addition_progress, addition_reward, addition_splits
+from trainers.grpo import GRPOConfig, GRPOTrainer
+from trainers.tinylm import TinyLMRecipe, build_or_load_tiny_model, load_policy
+
+PROBE_SIZE = 256  # tasks of the RL split used to decide when SFT has warmed the model up enough
+
+
+@dataclass
+class DemoConfig:
+    """Settings of the addition demo run (the GRPO knobs live in `grpo`)."""
+
+    out: str = "runs/demo"
+    """run directory: metrics.jsonl, summary.json and checkpoints go here"""
+    cache_dir: str | None = None
+    """where the tiny model is cached (default $MARL_CACHE or ~/.cache/marl)"""
+    model: str | None = None
+    """a local Hugging Face model directory to train instead of the tiny model"""
+    eval_samples: int = 8
+    """sampled completions per held-out prompt for the sampled accuracy"""
+    checkpoint_every: int = 10
+    resume: bool = False
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=60))
+
+
+def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print) -> Path:
+    """The tiny addition model, built on the SFT split and warmed up until its sampled accuracy on a
+    probe of the RL split reaches the recipe's target."""
+    from trainers.evaluate import accuracy
+
+    demonstrations = [(task.prompt, task.answer) for task in splits.sft]
+    probe = splits.train[:PROBE_SIZE]
+
+    def probe_accuracy(model, tokenizer):
+        return accuracy(model, tokenizer, probe, addition_reward, greedy=False, samples=2, seed=1)
+
+    return build_or_load_tiny_model(TinyLMRecipe(), demonstrations, probe_accuracy, cache_dir, log)
+
+
+def held_out_accuracy(model, tokenizer, splits: AdditionSplits, samples: int, max_new_tokens: int) -> dict:
+    """Greedy and sampled accuracy on the fixed evaluation split."""
+    from trainers.evaluate import accuracy
+
+    greedy = accuracy(model, tokenizer, splits.eval, addition_reward, max_new_tokens=max_new_tokens)
+    sampled = accuracy(model, tokenizer, splits.eval, addition_reward, greedy=False, samples=samples,
+                       max_new_tokens=max_new_tokens, seed=1234)
+    return {"greedy": greedy, "sampled": sampled}
+
+
+def run_demo(config: DemoConfig, log=print) -> dict:
+    """Run the whole demo and return its summary (also written to OUT/summary.json)."""
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.progress import ProgressPrinter
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    splits = addition_splits(seed=0)
+    path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
+    model, tokenizer = load_policy(path)
+    trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
+                          progress_fn=addition_progress)
+    resumed = latest_checkpoint(out) if config.resume else None
+    if resumed is None and latest_checkpoint(out) is not None:
+        raise RunDirectoryError(f"{out} already holds a run; pass --resume to continue it or --out NEWDIR")
+    if resumed is not None:
+        load_checkpoint(trainer, resumed)
+        _truncate_metrics(out / "metrics.jsonl", trainer.step_count)
+        log(f"resumed from {resumed} at step {trainer.step_count}")
+    before = _read_before(out) if resumed is not None else None
+    if before is None:
+        before = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
+        (out / "before.json").write_text(json.dumps(before))
+    log(f"held-out accuracy before: greedy {before['greedy']:.3f}, sampled {before['sampled']:.3f} "
+        f"({len(splits.eval)} prompts)")
+
+    progress = ProgressPrinter(total=config.grpo.steps, start=trainer.step_count, log=log)
+    started = time.perf_counter()
+    with (out / "metrics.jsonl").open("a") as metrics_file:
+        try:
+            while trainer.step_count < config.grpo.steps:
+                metrics = trainer.step()
+                metrics_file.write(json.dumps(metrics) + "\n")
+                metrics_file.flush()
+                progress.update(metrics)
+                if trainer.step_count % config.checkpoint_every == 0:
+                    save_checkpoint(trainer, out)
+        except KeyboardInterrupt:
+            log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; rerun with --resume")
+            save_checkpoint(trainer, out)
+            raise
+    save_checkpoint(trainer, out)
+    after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
+    summary = _summary(config, before, after, out, time.perf_counter() - started)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(f"held-out accuracy after:  greedy {after['greedy']:.3f}, sampled {after['sampled']:.3f}")
+    log(f"gain: greedy {after['greedy'] - before['greedy']:+.3f}, sampled {after['sampled'] - before['sampled']:+.3f}"
+        f"  |  run directory: {out}")
+    return summary
+
+
+class RunDirectoryError(RuntimeError):
+    """The run directory cannot be used as asked (it holds another run)."""
+
+
+def _truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop metric rows logged after the checkpoint we resume from, so no step appears twice."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["train/step"] <= steps_done]
+    path.write_text("".join(row + "\n" for row in rows))
+
+
+def _read_before(out: Path) -> dict | None:
+    path = out / "before.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _summary(config: DemoConfig, before: dict, after: dict, out: Path, seconds: float) -> dict:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    step_times = [row["time/step"] for row in rows]
+    return {"before": before, "after": after, "steps": len(rows), "train_seconds": seconds,
+            "median_step_seconds": statistics.median(step_times) if step_times else None,
+            "config": asdict(config)}
