@@ -15,13 +15,15 @@ import math
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
 
 from marl.types import Task
-from trainers.safeguards import DifficultyBuckets, apply_floor_reward, diversity_penalties, group_self_bleu
+from trainers.safeguards import (DifficultyBuckets, apply_floor_reward, collapse_alarm, diversity_penalties,
+                                 group_self_bleu)
 from trainers.sampling import (Completions, completion_logprobs, decode_completions, encode_prompts,
                                sample_completions)
 
@@ -110,16 +112,23 @@ def _check_loss_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, b
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
 
 
-def _aggregate(per_token_loss, mask, loss_type, max_completion_length):
-    """Reduce (B, T) token losses to one scalar exactly as TRL 1.16 does for one optimizer step."""
+def _aggregate(per_token_loss, mask, loss_type, max_completion_length, row_weights):
+    """Reduce (B, T) token losses to one scalar exactly as TRL 1.16 does for one optimizer step.
+
+    With row_weights w, row r counts as w_r identical rows (numerators and normalisers alike).
+    """
+    if row_weights is None:
+        row_weights = torch.ones(per_token_loss.size(0), dtype=per_token_loss.dtype)
+    row_weights = row_weights.to(per_token_loss.dtype)
+    row_sums = (per_token_loss * mask).sum(-1)
     if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return (row_weights * row_sums / mask.sum(-1).clamp(min=1.0)).sum() / row_weights.sum()
     if loss_type == "dr_grpo":
         length = max_completion_length if max_completion_length is not None else mask.size(1)
-        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * length)
+        return (row_weights * row_sums).sum() / (row_weights.sum() * length)
     # dapo: TRL normalises by the completion tokens of the whole generation batch; for one optimizer
     # step over that batch this is mask.sum(), which is also bnpo's normaliser.
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    return (row_weights * row_sums).sum() / (row_weights * mask.sum(-1)).sum().clamp(min=1.0)
 
 
 def policy_loss(
@@ -134,6 +143,7 @@ def policy_loss(
     epsilon_high: float = 0.2,
     beta: float = 0.0,
     max_completion_length: int | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped GRPO surrogate with optional k3 KL, aggregated as TRL 1.16 for one optimizer step.
 
@@ -142,6 +152,8 @@ def policy_loss(
     Per token: ratio = exp(logp - old), loss = -min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A)
     + beta * ratio * (exp(ref - logp) - (ref - logp) - 1). Aggregation: `dapo`/`bnpo` sum/mask.sum(),
     `grpo` mean of per-sequence means, `dr_grpo` sum/(B * max_completion_length, default T).
+    `row_weights` (B,), optional: row r stands for w_r identical rows (the trainer merges duplicate
+    completions); the result equals the loss of the batch with every row repeated w_r times.
     Returns the scalar loss and detached `LossStats`.
     """
     if loss_type not in LOSS_TYPES:
@@ -159,8 +171,11 @@ def policy_loss(
         delta = ref_logprobs - logprobs
         per_token_kl = (torch.exp(delta) - delta - 1) * ratio
         per_token_loss = per_token_loss + beta * per_token_kl
-    loss = _aggregate(per_token_loss, mask, loss_type, max_completion_length)
-    return loss, _loss_stats(ratio.detach(), advantages, mask, per_token_kl, epsilon_low, epsilon_high)
+    if row_weights is not None and tuple(row_weights.shape) != (logprobs.size(0),):
+        raise ValueError(f"row_weights must be (B,) = ({logprobs.size(0)},), got shape {tuple(row_weights.shape)}")
+    loss = _aggregate(per_token_loss, mask, loss_type, max_completion_length, row_weights)
+    stats_mask = mask if row_weights is None else mask * row_weights.to(mask.dtype)[:, None]
+    return loss, _loss_stats(ratio.detach(), advantages, stats_mask, per_token_kl, epsilon_low, epsilon_high)
 
 
 def _loss_stats(ratio, advantages, mask, per_token_kl, epsilon_low, epsilon_high) -> LossStats:
@@ -212,8 +227,10 @@ class GRPOConfig:
     mu: int = 1
     """policy updates per generated batch (old logprobs are the detached current ones when 1)"""
     spike_factor: float = 10.0
-    """skip a step whose grad norm (or |loss|) exceeds spike_factor x its running median"""
+    """skip a step whose grad norm exceeds spike_factor x its running median (0 disables)"""
     spike_window: int = 20
+    spike_on_loss: bool = False
+    """also skip a step whose |loss| exceeds spike_factor x its running median (off: see SpikeGuard)"""
     floor_reward: float = 0.05
     """reward given to the most complete member of an all-failed group (0 disables)"""
     diversity_threshold: float = 0.8
@@ -284,26 +301,29 @@ def lr_lambda(config: GRPOConfig) -> Callable[[int], float]:
 
 
 class SpikeGuard:
-    """Flags a step whose grad norm or |loss| exceeds `factor` x the running median of recent steps.
+    """Flags a step whose grad norm exceeds `factor` x the running median of recent steps.
 
-    The on-policy GRPO loss is ~0 by construction (ratio 1, advantages centred), so the |loss| test only
-    applies once its median is meaningful (> 1e-6: off-policy mu > 1 or beta > 0). Flagged values still
-    enter the window, so a lasting change of scale is accepted after window/2 steps.
+    A non-finite loss or grad norm is always a spike. The loss itself is only watched when
+    `watch_loss` is set: the on-policy GRPO loss is a length-weighted sum of centred advantages whose
+    magnitude swings between ~1e-9 and ~1e-2 from step to step, so its median is no scale and a
+    loss test would skip healthy steps. Flagged values still enter the window, so a lasting change of
+    scale is accepted after window/2 steps.
     """
 
-    def __init__(self, factor: float, window: int, min_history: int = 5):
-        self.factor, self.window, self.min_history = factor, window, min_history
+    def __init__(self, factor: float, window: int, min_history: int = 5, watch_loss: bool = False):
+        self.factor, self.window, self.min_history, self.watch_loss = factor, window, min_history, watch_loss
         self.grad_norms: list[float] = []
         self.losses: list[float] = []
 
     def is_spike(self, loss: float, grad_norm: float) -> bool:
         """Record the step and say whether it should be skipped."""
-        spike = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        spike = not finite
         if len(self.grad_norms) >= self.min_history and self.factor > 0:
             spike |= grad_norm > self.factor * statistics.median(self.grad_norms)
-            loss_median = statistics.median(self.losses)
-            spike |= loss_median > 1e-6 and abs(loss) > self.factor * loss_median
-        if math.isfinite(loss) and math.isfinite(grad_norm):
+            if self.watch_loss:
+                spike |= abs(loss) > self.factor * statistics.median(self.losses)
+        if finite:
             self.grad_norms = (self.grad_norms + [grad_norm])[-self.window:]
             self.losses = (self.losses + [abs(loss)])[-self.window:]
         return spike
@@ -338,7 +358,7 @@ class GRPOTrainer:
         self.buckets = DifficultyBuckets([t.id for t in tasks], [_heuristic_difficulty(t) for t in tasks],
                                          n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
                                          seed=config.seed)
-        self.spikes = SpikeGuard(config.spike_factor, config.spike_window)
+        self.spikes = SpikeGuard(config.spike_factor, config.spike_window, watch_loss=config.spike_on_loss)
         self.step_count = 0
         self.totals = {"skipped_spikes": 0, "masked_rewards": 0, "floored_groups": 0, "collapse_alarms": 0}
 
@@ -377,7 +397,7 @@ class GRPOTrainer:
         """Diversity penalty and floor reward; returns new rewards and what the guards did."""
         g, cfg = self.config.group_size, self.config
         group_bleu = group_self_bleu(texts, g)
-        alarms = sum(b > cfg.collapse_threshold for b in group_bleu)
+        alarms = collapse_alarm(group_bleu, cfg.collapse_threshold)
         penalised = 0
         if cfg.diversity_penalty > 0:
             penalties = diversity_penalties(texts, g, threshold=cfg.diversity_threshold, penalty=cfg.diversity_penalty)
@@ -401,48 +421,60 @@ class GRPOTrainer:
     def _update(self, completions: Completions, advantages: torch.Tensor) -> dict[str, float]:
         """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats."""
         cfg = self.config
-        batch, scale = self._trainable_groups(completions, advantages)
-        if batch is None:  # every group has zero advantage: no gradient, but keep the optimizer's clock
+        compact = self._compact_batch(completions, advantages)
+        if compact is None:  # every advantage is 0: no gradient, but keep the optimizer's clock
             self.optimizer.zero_grad(set_to_none=False)
             self._optimizer_step(skip=False)
             return {"loss": 0.0, "grad_norm": 0.0, "kl": None, "clip_fraction": 0.0, "trained_rows": 0}
-        sub, sub_adv = batch
-        old = None if cfg.mu == 1 else _no_grad_logprobs(self.model, sub, cfg.temperature)
-        ref = None if self.reference is None else _no_grad_logprobs(self.reference, sub, cfg.temperature)
+        rows, row_adv, weights, scale = compact
+        old = None if cfg.mu == 1 else _no_grad_logprobs(self.model, rows, cfg.temperature)
+        ref = None if self.reference is None else _no_grad_logprobs(self.reference, rows, cfg.temperature)
         for _ in range(cfg.mu):
-            logprobs = completion_logprobs(self.model, sub, cfg.temperature)
-            loss, stats = policy_loss(logprobs, old, ref, sub_adv, sub.completion_mask, loss_type=cfg.loss_type,
+            logprobs = completion_logprobs(self.model, rows, cfg.temperature)
+            loss, stats = policy_loss(logprobs, old, ref, row_adv, rows.completion_mask, loss_type=cfg.loss_type,
                                       epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                                      max_completion_length=cfg.max_new_tokens)
+                                      max_completion_length=cfg.max_new_tokens, row_weights=weights)
             loss = loss * scale
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
             self._optimizer_step(skip=self.spikes.is_spike(loss.item(), grad_norm))
         return {"loss": loss.item(), "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
-                "trained_rows": sub.completion_ids.size(0)}
+                "trained_rows": rows.completion_ids.size(0)}
 
-    def _trainable_groups(self, completions: Completions, advantages: torch.Tensor):
-        """Drop whole groups whose advantages are all 0 when beta = 0: their loss and gradient are exactly 0.
+    def _compact_batch(self, completions: Completions, advantages: torch.Tensor):
+        """The rows worth a forward and backward pass, with weights that keep the loss exact.
 
-        Returns ((sub-batch, its advantages), factor) where factor rescales the sub-batch loss so that it
-        equals the full batch's loss (same normaliser), or (None, 0) when nothing is left to train.
+        Two exact savings: (1) with beta = 0 a row whose advantage is 0 has zero loss and gradient, so
+        it is dropped; (2) rows with the same prompt, the same completion tokens and the same advantage
+        have identical losses, so each is run once with its multiplicity as row weight (short answers
+        repeat a lot within a group). `scale` rescales the compact loss to the full batch's normaliser.
+        Returns (rows, advantages, weights, scale), or None when no row carries a gradient.
         """
-        g = completions.group_size
-        if self.config.beta != 0:
-            return (completions, advantages), 1.0
-        keep_group = advantages.view(-1, g).ne(0).any(-1)
-        if not bool(keep_group.any()):
-            return None, 0.0
-        if bool(keep_group.all()):
-            return (completions, advantages), 1.0
-        rows = keep_group.repeat_interleave(g)
-        sub = _select_rows(completions, rows)
+        lengths = completions.completion_mask.sum(-1).tolist()
+        first_of: dict[tuple, int] = {}
+        counts: list[int] = []
+        for row, (prompt, tokens, adv, length) in enumerate(zip(
+                completions.prompt_index.tolist(), completions.completion_ids.tolist(), advantages.tolist(), lengths)):
+            if adv == 0 and self.config.beta == 0:
+                continue
+            key = (prompt, tuple(tokens[:length]), adv)
+            if key in first_of:
+                counts[first_of[key][1]] += 1
+            else:
+                first_of[key] = (row, len(counts))
+                counts.append(1)
+        if not counts:
+            return None
+        keep = torch.tensor([row for row, _ in first_of.values()])
+        weights = torch.tensor(counts, dtype=torch.float32)
+        rows = _select_rows(completions, keep)
         if self.config.loss_type in ("dapo", "bnpo"):
-            factor = sub.completion_mask.sum().item() / completions.completion_mask.sum().clamp(min=1).item()
+            kept = (weights * rows.completion_mask.sum(-1)).sum().item()
+            scale = kept / max(1, sum(lengths))
         else:  # grpo and dr_grpo divide by the number of sequences
-            factor = sub.completion_ids.size(0) / completions.completion_ids.size(0)
-        return (sub, advantages[rows]), factor
+            scale = weights.sum().item() / len(lengths)
+        return rows, advantages[keep], weights, scale
 
     def _optimizer_step(self, skip: bool) -> None:
         if skip:
@@ -450,7 +482,9 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped first step makes torch warn about the call order
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
 
     def _record_pass_rates(self, tasks: Sequence[Task], rewards: Sequence[float]) -> None:
         """Feed each task's observed pass rate (mean raw reward clipped to [0, 1]) to the bucket sampler."""
@@ -543,7 +577,7 @@ _ROW_FIELDS = [f.name for f in fields(Completions) if f.name != "group_size"]
 
 
 def _select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
-    """The sub-batch of whole groups selected by the boolean row mask."""
+    """The sub-batch of the given rows (a boolean mask or indices)."""
     return Completions(**{name: getattr(completions, name)[rows] for name in _ROW_FIELDS},
                        group_size=completions.group_size)
 

@@ -116,7 +116,7 @@ def _matches_per_order(token_lists: list[list[str]], group_size: int, max_n: int
     group_of = text_of // group_size
     n_groups = n_texts // group_size
     radix = n_tokens + n_texts
-    key, key_bound = stream, radix  # key < key_bound
+    key, key_bound = stream, radix  # key < key_bound; order 1 fits while (tokens + texts) * texts**2 < 2**62
     matches = []
     for order in range(1, max_n + 1):
         if order > 1:

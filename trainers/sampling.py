@@ -26,6 +26,7 @@ class Completions:
     logprobs: (N, C) logprobs of the sampled tokens at logits / temperature, 0 on padding.
     truncated: (N,) True where no EOS appeared within max_new_tokens.
     entropy: (N, C) entropy of the sampling distribution at each step (a free diagnostic).
+    prompt_index: (N,) which prompt each row answers (rows of one prompt share its KV cache).
     """
 
     prompt_ids: torch.Tensor
@@ -35,6 +36,7 @@ class Completions:
     logprobs: torch.Tensor
     truncated: torch.Tensor
     entropy: torch.Tensor
+    prompt_index: torch.Tensor
     group_size: int
 
 
@@ -149,7 +151,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
                        completion_ids=tokens, completion_mask=mask.long(), logprobs=logprobs,
-                       truncated=~done, entropy=entropy, group_size=group_size)
+                       truncated=~done, entropy=entropy, prompt_index=rows_prompt, group_size=group_size)
 
 
 def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):
@@ -190,9 +192,10 @@ def length_chunks(lengths: list[int], max_chunks: int = 3, call_cost: int = 64) 
 
 def _chunk_logprobs(model, completions: Completions, rows: torch.Tensor, width: int, temperature: float):
     """Logprobs (len(rows), width) of the first `width` completion tokens of the given rows."""
-    prompt_index = rows // completions.group_size
-    unique, row_prompt = torch.unique(prompt_index, return_inverse=True)
-    first_rows = unique * completions.group_size
+    unique, row_prompt = torch.unique(completions.prompt_index[rows], return_inverse=True)
+    first = torch.full((unique.numel(),), rows.numel()).scatter_reduce(0, row_prompt, torch.arange(rows.numel()),
+                                                                     reduce="amin")
+    first_rows = rows[first]  # one representative row per unique prompt
     cache, first_logits = _prefill(model, completions.prompt_ids[first_rows],
                                    completions.prompt_mask[first_rows], row_prompt)
     ids = completions.completion_ids[rows, :width]

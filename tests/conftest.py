@@ -1,0 +1,51 @@
+"""Shared fixtures: a micro random policy (instant) and the real warmed-up demo model (built once)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+@pytest.fixture
+def micro_policy():
+    """Factory of a fresh, seeded, untrained micro Llama (2 layers, hidden 32) and its char tokenizer."""
+    from trainers.tinylm import TinyLMRecipe, build_char_tokenizer, init_tiny_model
+
+    def make(seed: int = 0):
+        recipe = TinyLMRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
+        tokenizer = build_char_tokenizer(recipe.alphabet)
+        model = init_tiny_model(recipe, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
+                                tokenizer.eos_token_id)
+        return model.eval(), tokenizer
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def addition():
+    from marl.addition import addition_splits
+
+    return addition_splits(seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(addition):
+    """The default tiny model, SFT-warmed (built on first use, ~1 min, then cached on disk)."""
+    from trainers.demo import demo_policy
+
+    return demo_policy(addition, log=lambda message: None)

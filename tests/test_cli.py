@@ -1,0 +1,48 @@
+"""The `marl` command: clear errors without tracebacks, and the demo run end to end with resume."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _marl(*args, cwd=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "trainers.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "grpo.nope=1"], "unknown key 'nope'"),
+    (["--set", "grpo.lr=fast"], "grpo.lr=fast"),
+    (["--set", "grpo.loss_type=ppo"], "loss_type='ppo'"),
+    (["--set", "grpo.group_size=1"], "group_size=1"),
+    (["--set", "lr"], "expected KEY=VALUE"),
+    (["--model", "/nonexistent/model"], "not a Hugging Face model directory"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(args, message, tmp_path):
+    result = _marl("demo", "--out", str(tmp_path / "run"), *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir, tmp_path):
+    out = tmp_path / "run"
+    first = _marl("demo", "--out", str(out), "--steps", "2", "--set", "checkpoint_every=1")
+    assert first.returncode == 0, first.stderr
+    assert "held-out accuracy before" in first.stdout and "held-out accuracy after" in first.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0 <= summary["after"]["greedy"] <= 1
+
+    again = _marl("demo", "--out", str(out), "--steps", "2")
+    assert again.returncode == 2 and "--resume" in again.stderr  # nothing already written is lost
+
+    resumed = _marl("demo", "--out", str(out), "--steps", "4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]

@@ -1,0 +1,22 @@
+"""Import hygiene: the torch-free layers must not pull in heavy libraries."""
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "wandb", "openai")
+
+
+def _modules_after_import(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_light_layers_import_no_heavy_library():
+    loaded = _modules_after_import("import marl, judges, trainers.safeguards, marl.addition, marl.types")
+    assert not {name for name in loaded if name.split(".")[0] in HEAVY}
+
+
+def test_the_check_detects_a_heavy_import():
+    loaded = _modules_after_import("import trainers.grpo")
+    assert "torch" in loaded
