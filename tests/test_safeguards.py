@@ -305,3 +305,14 @@ def test_floor_leaves_its_input_unchanged() -> None:
 def test_invalid_arguments_raise_clear_value_errors(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_sample_batch_visits_every_task_once_before_repeating() -> None:
+    from trainers.safeguards import DifficultyBuckets
+
+    ids = [f"t{i}" for i in range(30)]
+    sampler = DifficultyBuckets(ids, [0.0] * 30, n_buckets=1, seed=3)
+    drawn = [task for _ in range(5) for task in sampler.sample_batch(6)[1]]
+    assert sorted(drawn) == sorted(ids)  # 5 batches of 6 = one full pass, no repeat
+    later = [task for _ in range(5) for task in sampler.sample_batch(6)[1]]
+    assert sorted(later) == sorted(ids) and later != drawn

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainers.sampling import (completion_logprobs, decode_completions, encode_prompts, full_sequence_logprobs,
-                               length_chunks, sample_completions)
+                               pack_completions, sample_completions)
 
 PROMPTS = ["12+35=", "9+1=", "77+80=", "3="]  # different lengths: exercises left padding
 
@@ -117,10 +117,24 @@ def test_bad_sampling_settings_are_rejected(micro_policy, bad):
         _sample(model, tokenizer, **bad)
 
 
-def test_length_chunks_split_only_when_it_saves_work():
-    assert length_chunks([3] * 64) == [(list(range(64)), 3)]
-    lengths = [2] * 60 + [8] * 4
-    chunks = length_chunks(lengths)
-    assert sorted(r for rows, _ in chunks for r in rows) == list(range(64))
-    assert [(len(rows), width) for rows, width in chunks] == [(60, 2), (4, 8)]
-    assert len(length_chunks([2, 3, 8, 8], call_cost=1000)) == 1
+@pytest.mark.parametrize("pack_tokens", [1024, 12, 1])
+def test_packed_logprobs_equal_full_forward_for_any_pack_size(micro_policy, pack_tokens):
+    model, tokenizer = micro_policy()
+    out = _sample(model, tokenizer, max_new_tokens=8)
+    mask = out.completion_mask.bool()
+    packed = completion_logprobs(model, out, pack_tokens=pack_tokens)
+    torch.testing.assert_close(packed[mask], full_sequence_logprobs(model, out)[mask], atol=1e-5, rtol=0)
+    assert (packed[~mask] == 0).all()
+
+
+def test_pack_holds_each_prompt_once_and_no_padding(micro_policy):
+    model, tokenizer = micro_policy()
+    out = _sample(model, tokenizer, max_new_tokens=8)
+    pack = pack_completions(out)
+    assert len(pack.ids) == 1
+    prompt_tokens = sum(len(p) for p in PROMPTS)
+    completion_inputs = int((out.completion_mask.sum(-1) - 1).sum())
+    assert len(pack.ids[0]) == prompt_tokens + completion_inputs
+    assert len(pack.targets) == int(out.completion_mask.sum())
+    small = pack_completions(out, pack_tokens=10)
+    assert len(small.ids) > 1 and all(len(ids) <= max(10, 6 + 7) for ids in small.ids)

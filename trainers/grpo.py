@@ -352,7 +352,8 @@ class GRPOTrainer:
         self.tasks = {task.id: task for task in tasks}
         self.reference = _frozen_copy(model) if config.beta != 0 else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
-                                           eps=config.adam_eps, weight_decay=config.weight_decay)
+                                           eps=config.adam_eps, weight_decay=config.weight_decay,
+                                           fused=True)  # one kernel for all tensors: ~3x faster than the loop
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.generator = torch.Generator().manual_seed(config.seed)
         self.buckets = DifficultyBuckets([t.id for t in tasks], [_heuristic_difficulty(t) for t in tasks],
@@ -437,7 +438,7 @@ class GRPOTrainer:
             loss = loss * scale
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm, foreach=True).item()
             self._optimizer_step(skip=self.spikes.is_spike(loss.item(), grad_norm))
         return {"loss": loss.item(), "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
                 "trained_rows": rows.completion_ids.size(0)}

@@ -356,10 +356,10 @@ class DifficultyBuckets:
 
     Bucket choice: bucket b is drawn with probability proportional to max(p_b * (1 - p_b), 0.05), with p_b
     its mean pass-rate estimate, which favours buckets near 50 % passing (where GRPO groups have mixed
-    rewards, hence a signal) while never starving any bucket. Tasks are drawn without replacement within
-    a batch; a batch larger than the bucket is made of whole shuffled passes over the bucket plus a
-    sample without replacement for the remainder. All randomness comes from the sampler's own
-    `random.Random(seed)`, whose state is part of `state_dict()`.
+    rewards, hence a signal) while never starving any bucket. Within the bucket the least-drawn tasks
+    are taken (random among equals): no task repeats before every task of its bucket has been drawn,
+    as in an epoch, and a batch larger than the bucket is whole passes plus the remainder. All
+    randomness comes from the sampler's own `random.Random(seed)`, whose state is in `state_dict()`.
     """
 
     def __init__(
@@ -373,6 +373,7 @@ class DifficultyBuckets:
         self._position = {task_id: index for index, task_id in enumerate(task_ids)}
         self._configure(heuristic, n_buckets, ema, seed)
         self._pass_ema: list[float | None] = [None] * len(task_ids)
+        self._draws = [0] * len(task_ids)  # times each task was drawn: the least drawn go first
         self._rng = random.Random(seed)
 
     @staticmethod
@@ -460,13 +461,20 @@ class DifficultyBuckets:
         rates = self.pass_rates()
         weights = [max(rates[bucket] * (1 - rates[bucket]), MIN_BUCKET_WEIGHT) for bucket in range(self.n_buckets)]
         bucket = self._rng.choices(range(self.n_buckets), weights=weights)[0]
-        pool = members[bucket]
-        full_passes, remainder = divmod(n_tasks, len(pool))
-        picked: list[int] = []
-        for _ in range(full_passes):
-            picked.extend(self._rng.sample(pool, len(pool)))
-        picked.extend(self._rng.sample(pool, remainder))
+        picked = self._least_drawn(members[bucket], n_tasks)
         return bucket, [self._task_ids[index] for index in picked]
+
+    def _least_drawn(self, pool: list[int], n_tasks: int) -> list[int]:
+        """The n least-drawn tasks of the pool (random among equals), so that every task of a bucket
+        is visited once before any repeats (an epoch per bucket, robust to re-bucketing)."""
+        picked: list[int] = []
+        while len(picked) < n_tasks:
+            order = sorted(pool, key=lambda index: (self._draws[index], self._rng.random()))
+            batch = order[:n_tasks - len(picked)]
+            for index in batch:
+                self._draws[index] += 1
+            picked.extend(batch)
+        return picked
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume sampling exactly, as JSON-serialisable plain data."""
@@ -479,6 +487,7 @@ class DifficultyBuckets:
             "ema": self.ema,
             "seed": self.seed,
             "pass_ema": list(self._pass_ema),
+            "draws": list(self._draws),
             "rng_state": [version, list(internal), gauss_next],  # JSON has no tuples
         }
 
@@ -494,5 +503,6 @@ class DifficultyBuckets:
             raise ValueError(f"state['pass_ema'] has {len(state['pass_ema'])} entries, need one per task")
         self._configure(heuristic, state["n_buckets"], state["ema"], state["seed"])
         self._pass_ema = [None if value is None else float(value) for value in state["pass_ema"]]
+        self._draws = [int(value) for value in state.get("draws", [0] * len(self._task_ids))]
         version, internal, gauss_next = state["rng_state"]
         self._rng.setstate((version, tuple(internal), gauss_next))

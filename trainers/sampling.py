@@ -1,9 +1,12 @@
 """Batched sampling with a KV cache, and the per-token logprobs GRPO trains on.
 
-Both functions share one idea: the G samples of a prompt share its prefix, so the prompt is run once
-per *unique* prompt and its KV cache is repeated G times. In generation this saves the prefill; in
-training (`completion_logprobs`) it also saves the prompt's share of forward and backward, and the
-gradient is the same because repeating the cache is differentiable (the G copies' gradients add up).
+Both avoid computing the same thing twice, exactly:
+- `sample_completions` runs the model once per distinct prefix: the G samples of a prompt start from
+  one prefill, and rows that drew the same tokens keep sharing a cache entry (a prefix tree).
+- `completion_logprobs` packs each prompt once followed by the completions of its rows into one
+  sequence with a block attention mask, so the prompt's forward and backward are shared by its rows
+  and short completions pay no padding. Gradients equal those of the plain per-row forward
+  (`full_sequence_logprobs`, kept as the reference the tests compare against).
 
 Shapes: N = prompts x G sequences, P = prompt length (left-padded), C = completion length.
 """
@@ -78,18 +81,6 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _prefill(model, prompt_ids, prompt_mask, row_prompt):
-    """Run each unique prompt once; return the KV cache and last-token logits laid out per row.
-
-    `row_prompt[i]` is the index (into prompt_ids) of row i's prompt. Selecting cache rows is an index
-    operation, so gradients of the G copies flow back into the single prompt computation.
-    """
-    out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     position_ids=_positions(prompt_mask), logits_to_keep=1)
-    cache.batch_select_indices(row_prompt)
-    return cache, out.logits[:, -1][row_prompt]
-
-
 def _pick_tokens(logits, temperature, top_p, greedy, generator):
     """Choose the next token per row; return it, its logprob at logits / temperature, and the entropy."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -114,40 +105,43 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        generator: torch.Generator | None = None) -> Completions:
     """Sample `group_size` completions per prompt with a KV cache, stopping rows at EOS.
 
-    Rows that finished are dropped from the cache once a quarter of the running rows are done, and
-    generation stops when every row has produced EOS (or after max_new_tokens). `greedy=True` takes
-    the argmax (evaluation at temperature 0). Pass a seeded `generator` for reproducibility.
+    The model runs once per distinct prefix, not once per row: the G rows of a prompt start from one
+    cache entry, and rows that sampled the same tokens so far keep sharing one (a prefix tree).
+    Each row still draws its own token from its prefix's distribution, so the samples are exactly
+    those of G independent generations. Rows stop at EOS; generation stops when every row has.
+    `greedy=True` takes the argmax (evaluation at temperature 0). Pass a seeded `generator`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
     rows_prompt = torch.arange(prompt_ids.size(0)).repeat_interleave(group_size)
-    cache, logits = _prefill(model, prompt_ids, prompt_mask, rows_prompt)
-    n = logits.size(0)
-    running = torch.arange(n)  # rows still in the cache, in cache order
-    attention = prompt_mask[rows_prompt]
-    position = attention.sum(-1, keepdim=True)
+    n = rows_prompt.numel()
+    out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
+                                     position_ids=_positions(prompt_mask), logits_to_keep=1)
+    logits = out.logits[:, -1]
+    node_of_row = rows_prompt.clone()  # each row's prefix node; logits and cache rows are per node
+    attention, position = prompt_mask, prompt_mask.sum(-1, keepdim=True)
     done = torch.zeros(n, dtype=torch.bool)
     steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
     for _ in range(max_new_tokens):
-        picked, logprobs, entropy = _pick_tokens(logits, temperature, top_p, greedy, generator)
-        finished = done[running]
-        steps.append(_scatter_step(n, running, picked.masked_fill(finished, pad_token_id),
-                                   logprobs.masked_fill(finished, 0.0), entropy.masked_fill(finished, 0.0),
-                                   ~done, pad_token_id))
-        done[running] |= picked == eos_token_id
+        running = (~done).nonzero().squeeze(-1)
+        picked, logprobs, entropy = _pick_tokens(logits[node_of_row[running]], temperature, top_p, greedy, generator)
+        steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
+        done[running] = picked == eos_token_id
         if bool(done.all()):
             break
-        alive = ~done[running]
-        if int(alive.sum()) <= 0.75 * running.numel():
-            keep = alive.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            running, attention, position, picked = running[keep], attention[keep], position[keep], picked[keep]
-        attention = torch.cat([attention, torch.ones((attention.size(0), 1), dtype=attention.dtype)], dim=1)
-        out, cache = _forward_with_cache(model, cache, input_ids=picked[:, None], attention_mask=attention,
+        alive = picked != eos_token_id
+        vocab = logits.size(-1)
+        nodes, node_of_alive = torch.unique(node_of_row[running[alive]] * vocab + picked[alive], return_inverse=True)
+        parent, token = nodes // vocab, nodes % vocab
+        cache.batch_select_indices(parent)
+        attention = torch.cat([attention[parent], torch.ones((parent.numel(), 1), dtype=attention.dtype)], dim=1)
+        position = position[parent]
+        out, cache = _forward_with_cache(model, cache, input_ids=token[:, None], attention_mask=attention,
                                          position_ids=position)
         logits, position = out.logits[:, -1], position + 1
+        node_of_row[running[alive]] = node_of_alive
     tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
                        completion_ids=tokens, completion_mask=mask.long(), logprobs=logprobs,
@@ -162,71 +156,93 @@ def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):
     return full_tokens, full_logprobs, full_entropy, mask.clone()
 
 
-def length_chunks(lengths: list[int], max_chunks: int = 3, call_cost: int = 64) -> list[tuple[list[int], int]]:
-    """Split rows into at most `max_chunks` groups of similar completion length.
+@dataclass
+class _Pack:
+    """Token layout of packed sequences (S, L): ids, positions, and for every token its block/row."""
 
-    Each chunk is run at the width of its longest row, so short rows stop paying for long ones; a
-    chunk costs `call_cost` token-equivalents of overhead (a model call and a prefill). Returns
-    [(row indices, width)] minimising sum(rows x (width - 1)) + call_cost x chunks.
+    ids: list[list[int]]
+    positions: list[list[int]]
+    blocks: list[list[int]]  # which (prompt) block a token belongs to; -1 for padding
+    rows: list[list[int]]  # which completion row a token belongs to; -1 for prompt tokens and padding
+    targets: list[tuple[int, int, int, int]]  # (row, step, sequence, index of the logits that predict it)
+
+
+def pack_completions(completions: Completions, pack_tokens: int = 1024) -> _Pack:
+    """Lay rows out as packed sequences: each prompt once, followed by its rows' completions.
+
+    A row's completion attends to its prompt and to its own earlier tokens only (see `_pack_mask`),
+    so one forward over the pack gives every row's logprobs with no padding waste and no prompt
+    computed twice. A sequence holds at most `pack_tokens` tokens (a prompt whose rows need more is
+    repeated in the next sequence), which bounds the (L x L) attention mask.
     """
-    distinct = sorted(set(lengths))
-    count = {length: lengths.count(length) for length in distinct}
-
-    def cost(a, b):  # one chunk holding distinct[a..b]
-        return sum(count[d] for d in distinct[a:b + 1]) * (distinct[b] - 1) + call_cost
-
-    best = (cost(0, len(distinct) - 1), [len(distinct) - 1])
-    for i in range(len(distinct) - 1):
-        best = min(best, (cost(0, i) + cost(i + 1, len(distinct) - 1), [i, len(distinct) - 1]))
-        if max_chunks >= 3:
-            for j in range(i + 1, len(distinct) - 1):
-                split = cost(0, i) + cost(i + 1, j) + cost(j + 1, len(distinct) - 1)
-                best = min(best, (split, [i, j, len(distinct) - 1]))
-    chunks, low = [], 0
-    for high in best[1]:
-        members = set(distinct[low:high + 1])
-        chunks.append(([r for r, length in enumerate(lengths) if length in members], distinct[high]))
-        low = high + 1
-    return chunks
-
-
-def _chunk_logprobs(model, completions: Completions, rows: torch.Tensor, width: int, temperature: float):
-    """Logprobs (len(rows), width) of the first `width` completion tokens of the given rows."""
-    unique, row_prompt = torch.unique(completions.prompt_index[rows], return_inverse=True)
-    first = torch.full((unique.numel(),), rows.numel()).scatter_reduce(0, row_prompt, torch.arange(rows.numel()),
-                                                                     reduce="amin")
-    first_rows = rows[first]  # one representative row per unique prompt
-    cache, first_logits = _prefill(model, completions.prompt_ids[first_rows],
-                                   completions.prompt_mask[first_rows], row_prompt)
-    ids = completions.completion_ids[rows, :width]
-    logits = first_logits[:, None]
-    if width > 1:
-        prompt_mask = completions.prompt_mask[rows]
-        attention = torch.cat([prompt_mask, torch.ones((rows.numel(), width - 1), dtype=prompt_mask.dtype)], 1)
-        positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width - 1)
-        out, _ = _forward_with_cache(model, cache, input_ids=ids[:, :-1], attention_mask=attention,
-                                     position_ids=positions)
-        logits = torch.cat([logits, out.logits], dim=1)
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+    lengths = completions.completion_mask.sum(-1).clamp(min=1).tolist()
+    by_prompt: dict[int, list[int]] = {}
+    for row, prompt in enumerate(completions.prompt_index.tolist()):
+        by_prompt.setdefault(prompt, []).append(row)
+    pack = _Pack([], [], [], [], [])
+    block = -1
+    for prompt_rows in by_prompt.values():
+        first = prompt_rows[0]
+        prompt = completions.prompt_ids[first][completions.prompt_mask[first].bool()].tolist()
+        block_open = False
+        for row in prompt_rows:
+            needed = lengths[row] - 1  # the last token is predicted, never fed
+            if not (block_open and len(pack.ids[-1]) + needed <= pack_tokens):
+                if not pack.ids or len(pack.ids[-1]) + len(prompt) + needed > pack_tokens:
+                    for column in (pack.ids, pack.positions, pack.blocks, pack.rows):
+                        column.append([])
+                block, block_open = block + 1, True
+                _append(pack, prompt, range(len(prompt)), block, -1)
+                prompt_end = len(pack.ids[-1]) - 1
+            sequence, start = len(pack.ids) - 1, len(pack.ids[-1])
+            _append(pack, completions.completion_ids[row, :needed].tolist(),
+                    range(len(prompt), len(prompt) + needed), block, row)
+            pack.targets.append((row, 0, sequence, prompt_end))
+            pack.targets.extend((row, step, sequence, start + step - 1) for step in range(1, lengths[row]))
+    return pack
 
 
-def completion_logprobs(model, completions: Completions, temperature: float = 1.0) -> torch.Tensor:
+def _append(pack: _Pack, tokens, positions, block: int, row: int) -> None:
+    pack.ids[-1].extend(tokens)
+    pack.positions[-1].extend(positions)
+    pack.blocks[-1].extend([block] * len(tokens))
+    pack.rows[-1].extend([row] * len(tokens))
+
+
+def _pack_mask(blocks: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive (S, 1, L, L) mask: a token sees earlier tokens of its block's prompt and of its own row."""
+    length = blocks.size(1)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    same_block = blocks[:, :, None] == blocks[:, None, :]
+    visible_key = (rows[:, None, :] == -1) | (rows[:, :, None] == rows[:, None, :])
+    allowed = causal & same_block & visible_key & (blocks[:, None, :] >= 0)
+    allowed |= torch.eye(length, dtype=torch.bool)  # padding sees itself: no empty softmax rows
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def completion_logprobs(model, completions: Completions, temperature: float = 1.0,
+                        pack_tokens: int = 1024) -> torch.Tensor:
     """Per-token logprobs (N, C) of the completions under `model` at logits / temperature.
 
-    Differentiable. Each unique prompt is run once with its cache shared over its group, and rows are
-    run in chunks of similar length (`length_chunks`) so that padding costs little. Positions past a
-    row's chunk width are 0; callers multiply by the completion mask.
+    Differentiable; one forward over packed sequences (`pack_completions`), so each prompt runs
+    once and padding costs nothing. Positions past a row's length are 0; callers use the mask.
     """
-    n, width = completions.completion_ids.shape
-    lengths = completions.completion_mask.sum(-1).clamp(min=1).tolist()
-    parts, order = [], []
-    for rows, chunk_width in length_chunks(lengths):
-        rows = torch.tensor(rows)
-        logprobs = _chunk_logprobs(model, completions, rows, chunk_width, temperature)
-        parts.append(torch.nn.functional.pad(logprobs, (0, width - chunk_width)))
-        order.append(rows)
-    stacked = torch.cat(parts)
-    return stacked[torch.argsort(torch.cat(order))]
+    pack = pack_completions(completions, pack_tokens)
+    width = max(len(ids) for ids in pack.ids)
+
+    def padded(column, fill):
+        return torch.tensor([values + [fill] * (width - len(values)) for values in column])
+
+    dtype = next(model.parameters()).dtype
+    mask = _pack_mask(padded(pack.blocks, -1), padded(pack.rows, -1), dtype)
+    out = model(input_ids=padded(pack.ids, 0), attention_mask=mask,
+                position_ids=padded(pack.positions, 0))
+    row, step, sequence, index = (torch.tensor(column) for column in zip(*pack.targets))
+    logits = out.logits[sequence, index].float() / temperature
+    token = completions.completion_ids[row, step]
+    picked = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    result = torch.zeros(completions.completion_ids.shape, dtype=picked.dtype)
+    return result.index_put((row, step), picked)
 
 
 def full_sequence_logprobs(model, completions: Completions, temperature: float = 1.0) -> torch.Tensor:
