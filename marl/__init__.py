@@ -1,0 +1,1 @@
+"""marl: torch-free core (tasks; scenarios, environments and credit assignment to come)."""

@@ -1,0 +1,1 @@
+"""trainers: the torch edge (GRPO core, sampling, tiny model, checkpoints, CLI). Heavy imports are per module."""

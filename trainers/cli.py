@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marl", description="Train teams of LLM agents with RL.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="GRPO on the tiny addition model: accuracy before and after")
-    demo.add_argument("--steps", type=int, help="GRPO steps (default 60)")
+    demo.add_argument("--steps", type=int, help="GRPO steps (default 200)")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
     demo.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     demo.add_argument("--threads", type=int, help="torch threads (default 1)")

@@ -34,7 +34,7 @@ class DemoConfig:
     """sampled completions per held-out prompt for the sampled accuracy"""
     checkpoint_every: int = 10
     resume: bool = False
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=60))
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200))
 
 
 def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print) -> Path:

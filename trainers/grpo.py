@@ -1,11 +1,12 @@
-"""GRPO advantages and the clipped policy loss, numerically identical to TRL 1.16's GRPOTrainer.
+"""The GRPO core, top to bottom: advantages, the clipped policy loss, then the trainer.
 
-Two pure functions over tensors, no model and no trainer state, so that they can be checked against
-TRL's own `_compute_loss` on fixed tensors (tests/test_grpo_trl_equivalence.py):
-
-- `group_advantages(rewards, group_size, scale)`: (r - group mean) / (Bessel std + 1e-4).
-- `policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, ...)`: token-level ratio,
-  clipped surrogate, k3 KL to a reference multiplied by the ratio, and the four aggregations.
+1. `group_advantages(rewards, group_size, scale)`: (r - group mean) / (Bessel std + 1e-4).
+2. `policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, ...)`: token-level ratio,
+   clipped surrogate, k3 KL to a reference multiplied by the ratio, and the four aggregations.
+   Both are pure tensor functions, numerically identical to TRL 1.16's GRPOTrainer (checked against
+   TRL's own `_compute_loss` in tests/test_grpo_trl_equivalence.py).
+3. `GRPOConfig` and `GRPOTrainer.step()`: sample groups -> score (failures masked) -> safeguards ->
+   advantages -> `mu` updates of the compacted batch -> metrics.
 """
 
 from __future__ import annotations
@@ -203,19 +204,26 @@ class GRPOConfig:
     steps: int = 30
     """optimizer steps of the run (each plays prompts_per_step x group_size completions)"""
     prompts_per_step: int = 8
+    """prompts per step, all drawn from one difficulty bucket"""
     group_size: int = 8
     """G: completions per prompt; advantages are relative within a group"""
     max_new_tokens: int = 8
+    """longest completion; rows stop at EOS before that"""
     temperature: float = 1.0
+    """sampling temperature; logprobs are taken at logits / temperature, as in TRL"""
     top_p: float = 1.0
+    """nucleus sampling mass (1 = off)"""
     lr: float = 5e-5
+    """AdamW learning rate (5e-5 suits the tiny model; >= 2e-4 degrades it)"""
     lr_schedule: str = "constant"
     """constant | linear | cosine (decay to 0 over `steps`, after `warmup_steps`)"""
     warmup_steps: int = 0
+    """linear lr warm-up steps"""
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
     loss_type: str = "dapo"
     """dapo | grpo | dr_grpo | bnpo, with TRL 1.16's aggregation"""
     scale_rewards: str = "group"
@@ -223,12 +231,15 @@ class GRPOConfig:
     beta: float = 0.0
     """KL coefficient to a frozen reference copy (no reference is built when 0)"""
     epsilon_low: float = 0.2
+    """lower clip: ratio >= 1 - epsilon_low"""
     epsilon_high: float = 0.2
+    """upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher uses 0.28)"""
     mu: int = 1
     """policy updates per generated batch (old logprobs are the detached current ones when 1)"""
     spike_factor: float = 10.0
     """skip a step whose grad norm exceeds spike_factor x its running median (0 disables)"""
     spike_window: int = 20
+    """steps in the running median of the spike guard"""
     spike_on_loss: bool = False
     """also skip a step whose |loss| exceeds spike_factor x its running median (off: see SpikeGuard)"""
     floor_reward: float = 0.05
@@ -242,7 +253,9 @@ class GRPOConfig:
     buckets: int = 3
     """difficulty buckets; every batch is drawn from one bucket (1 = uniform sampling)"""
     bucket_ema: float = 0.1
+    """weight of a new observation in each task's pass-rate EMA"""
     seed: int = 0
+    """seeds the sampler, the task order and torch (runs are reproducible for a seed)"""
     threads: int = 1
     """torch intra-op threads (1 is usually fastest on a small shared CPU)"""
 
