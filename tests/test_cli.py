@@ -46,3 +46,27 @@ def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir
     assert "resumed from" in resumed.stdout
     steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(demo_model_dir, tmp_path):
+    import signal
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "trainers.cli", "demo", "--out", str(out), "--steps", "400"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stdout:  # the progress line for step 5 means training is under way
+        if "step 5/400" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    rest, errors = process.communicate(timeout=120)
+    assert process.returncode == 130, errors
+    assert "Traceback" not in errors and "checkpoint written at step" in rest
+    stopped_at = int(rest.split("checkpoint written at step ")[1].split(";")[0])
+    assert 5 <= stopped_at < 400
+
+    resumed = _marl("demo", "--out", str(out), "--steps", str(stopped_at + 3), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, stopped_at + 4))

@@ -66,6 +66,9 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from trainers.progress import ProgressPrinter
 
+    import torch
+
+    torch.set_num_threads(config.grpo.threads)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     splits = addition_splits(seed=0)
@@ -99,8 +102,8 @@ def run_demo(config: DemoConfig, log=print) -> dict:
                 if trainer.step_count % config.checkpoint_every == 0:
                     save_checkpoint(trainer, out)
         except KeyboardInterrupt:
-            log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; rerun with --resume")
             save_checkpoint(trainer, out)
+            log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
             raise
     save_checkpoint(trainer, out)
     after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
