@@ -1,6 +1,8 @@
 """The `marl` command line.
 
     marl demo [--steps N] [--out DIR] [--resume] [--set grpo.lr=1e-4 ...]
+    marl validate FILE... [--set key=value ...]
+    marl rollout FILE [--policy expert|null|random|module:function] [--episodes N]
 
 Errors are printed as one clear line (what is wrong and how to fix it) with exit status 2, never a
 traceback. Ctrl-C writes a checkpoint and exits with status 130.
@@ -105,7 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a setting, e.g. --set grpo.lr=1e-4 (repeatable)")
     demo.set_defaults(handler=_demo)
+
+    validate = commands.add_parser("validate", help="check scenario files; print every problem as FILE:LINE:COL")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help="override a key before validation, e.g. --set train.lr=1e-4")
+    validate.set_defaults(handler=_validate)
+
+    rollout = commands.add_parser("rollout", help="play episodes of a scenario with a fixed policy")
+    rollout.add_argument("file", metavar="FILE", help="scenario file or built-in name (relay, weather, ...)")
+    rollout.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    rollout.add_argument("--episodes", type=int, default=3, help="episodes to play (held-out tasks first)")
+    rollout.add_argument("--seed", type=int, default=0)
+    rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
+    rollout.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    rollout.set_defaults(handler=_rollout)
     return parser
+
+
+def _validate(args) -> int:
+    from trainers.cli_scenarios import validate_command
+
+    return validate_command(args)
+
+
+def _rollout(args) -> int:
+    from trainers.cli_scenarios import rollout_command
+
+    return rollout_command(args)
 
 
 def main(argv: list[str] | None = None) -> int:

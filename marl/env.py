@@ -1,0 +1,252 @@
+"""Scenario environments: a PettingZoo `ParallelEnv` built from a scenario, and its AEC view.
+
+    env = marl.make_env("relay")             # or a path, a dict, a loaded Scenario
+    observations, infos = env.reset(seed=0)  # a task is drawn with the seed (or options={"task": ...})
+    while env.agents:
+        actions = {agent: {"text": "..."} for agent in env.agents}
+        observations, rewards, terminations, truncations, infos = env.step(actions)
+
+Spaces: observations and actions are `Dict({"text": Text(max_length, min_length=0, charset=printable)})`.
+Everything the env emits is clipped to its space (the most recent characters of an observation are
+kept) and characters outside the charset become '?'. Actions may be given as {"text": str} or str.
+
+Turns: every live agent submits an action at each step, as the parallel API requires, but only the
+agents whose turn it is (the graph's turn order) are heard; the others' actions are ignored.
+`infos[agent]["your_turn"]` says whose action will count at the next step. An episode ends after
+`graph.rounds` rounds, or early when a message fully matches `graph.end_on` (termination), or when
+`max_cycles` steps have passed (truncation). Rewards arrive at the last step, from the reward spec.
+
+Infos carry the transcript, the agent's own tool results, its tool-call validity, and at the end the
+reward breakdown.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from functools import partial
+from pathlib import Path
+
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+from pettingzoo.utils.conversions import parallel_to_aec
+
+from marl.graph import build_visibility, turn_order, visible_speakers
+from marl.rewards import EpisodeScorer
+from marl.scenario import Scenario, load_scenario
+from marl.types import Task
+
+CHARSET = string.printable
+DEFAULT_OBSERVATION = "{role}\n{prompt}\n{history}{tool_results}"
+_OUTSIDE_CHARSET = re.compile(f"[^{re.escape(CHARSET)}]")
+
+
+def sanitise(text: str, max_chars: int, keep: str = "head") -> str:
+    """Replace characters outside the charset with '?' and clip to max_chars (head or tail kept)."""
+    text = _OUTSIDE_CHARSET.sub("?", str(text))
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] if keep == "head" else text[-max_chars:]
+
+
+def text_space(max_length: int) -> spaces.Dict:
+    """The text space of observations and actions: printable characters, empty allowed."""
+    return spaces.Dict({"text": spaces.Text(max_length=max_length, min_length=0, charset=CHARSET)})
+
+
+class ScenarioEnv(ParallelEnv):
+    """A scenario as a PettingZoo parallel environment (see the module docstring for the rules)."""
+
+    metadata = {"name": "marl_scenario_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+
+    def __init__(self, scenario: Scenario, *, tasks: list[Task] | None = None, render_mode: str | None = None,
+                 max_cycles: int | None = None):
+        from judges.registry import build_scorer
+
+        self.scenario, spec = scenario, scenario.spec
+        self.render_mode = render_mode
+        self.possible_agents = list(scenario.agent_names)
+        self.agents: list[str] = []
+        self.tasks = list(tasks) if tasks is not None else scenario.tasks()
+        self.visibility = build_visibility(self.possible_agents, spec.graph)
+        self.turns = turn_order(self.possible_agents, spec.graph) * spec.graph.rounds
+        self.max_cycles = max_cycles if max_cycles is not None else len(self.turns)
+        self._end_on = re.compile(spec.graph.end_on) if spec.graph.end_on else None
+        self._agent_spec = {agent.name: agent for agent in spec.agents}
+        self._observation_spaces = {a: text_space(spec.observation_max_chars) for a in self.possible_agents}
+        self._action_spaces = {a: text_space(spec.action_max_chars) for a in self.possible_agents}
+        self.tools = _agent_tool_registries(scenario)
+        self.scorer = EpisodeScorer(spec, lambda s: build_scorer(s.kind, s.params(), scenario.base_dir))
+        self._rng = random.Random(0)
+        self.task: Task | None = None
+
+    def observation_space(self, agent):
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent):
+        return self._action_spaces[agent]
+
+    # -- the episode ------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        """Start an episode on `options["task"]` (a Task, an id or an index) or on a task drawn with `seed`."""
+        if seed is not None:
+            self._rng = random.Random(seed)
+        self.task = self._pick_task((options or {}).get("task"))
+        self.agents = list(self.possible_agents)
+        self.turn_index, self.steps = 0, 0
+        self.transcript: list[dict] = []
+        self.tool_log = []
+        self.breakdown = None
+        for registry in self.tools.values():
+            registry.reset_stats()
+        return {a: self._observe(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
+
+    def step(self, actions: dict):
+        """Hear the agents whose turn it is, run their tool calls, and end the episode when due."""
+        if not self.agents:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        for agent in self.turns[self.turn_index]:
+            self._hear(agent, actions.get(agent))
+        self.turn_index, self.steps = self.turn_index + 1, self.steps + 1
+        ended_early = bool(self._end_on and self.transcript and self._end_on.fullmatch(self.transcript[-1]["text"]))
+        terminated = self.turn_index >= len(self.turns) or ended_early
+        truncated = not terminated and self.steps >= self.max_cycles
+        rewards = {a: 0.0 for a in self.agents}
+        if terminated or truncated:
+            rewards, self.breakdown = self.scorer.score_episode(self.task, self.transcript, self.tool_log, self.agents)
+        observations = {a: self._observe(a) for a in self.agents}
+        infos = {a: self._info(a) for a in self.agents}
+        terminations = {a: terminated for a in self.agents}
+        truncations = {a: truncated for a in self.agents}
+        if terminated or truncated:
+            self.agents = []
+        return observations, rewards, terminations, truncations, infos
+
+    def acting_agents(self) -> tuple[str, ...]:
+        """The agents whose actions the next step will hear (empty once the episode is over)."""
+        return self.turns[self.turn_index] if self.agents and self.turn_index < len(self.turns) else ()
+
+    def _pick_task(self, chosen) -> Task:
+        if isinstance(chosen, Task):
+            return chosen
+        if isinstance(chosen, int):
+            return self.tasks[chosen]
+        if isinstance(chosen, str):
+            matches = [task for task in self.tasks if task.id == chosen]
+            if not matches:
+                raise KeyError(f"no task with id {chosen!r} in scenario {self.scenario.spec.name!r}")
+            return matches[0]
+        return self.tasks[self._rng.randrange(len(self.tasks))]
+
+    def _hear(self, agent: str, action) -> None:
+        text = action.get("text", "") if isinstance(action, dict) else ("" if action is None else str(action))
+        text = sanitise(text, self.scenario.spec.action_max_chars)
+        self.transcript.append({"agent": agent, "text": text, "turn": self.turn_index})
+        registry = self.tools.get(agent)
+        if registry is not None and text:
+            self.tool_log.extend(registry.run_all(agent, text))
+
+    # -- what agents see --------------------------------------------------------------------------
+
+    def _observe(self, agent: str) -> dict:
+        spec = self._agent_spec[agent]
+        template = spec.observation if spec.observation is not None else DEFAULT_OBSERVATION
+        text = template.format_map(_TemplateFields(self, agent))
+        return {"text": sanitise(text, self.scenario.spec.observation_max_chars, keep="tail")}
+
+    def _info(self, agent: str) -> dict:
+        registry = self.tools.get(agent)
+        info = {
+            "task_id": self.task.id if self.task else None,
+            "your_turn": agent in self.acting_agents(),
+            "transcript": [dict(turn) for turn in self.transcript],
+            "tool_results": [vars(call) for call in self.tool_log if call.agent == agent],
+            "tool_validity": registry.validity(agent) if registry is not None else None,
+        }
+        if self.breakdown is not None:
+            info["reward_breakdown"] = {key: vars(value) for key, value in self.breakdown.items()}
+        return info
+
+    def render(self):
+        """ansi: the transcript so far as text; human: print it."""
+        lines = [f"task {self.task.id if self.task else '-'}: {self.task.prompt if self.task else ''}"]
+        lines += [f"[{turn['turn']}] {turn['agent']}: {turn['text']}" for turn in self.transcript]
+        text = "\n".join(lines)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self):
+        """Nothing to release (tools run in-process)."""
+
+
+class _TemplateFields(dict):
+    """Lazily resolves the fields of an observation template for one agent."""
+
+    def __init__(self, env: ScenarioEnv, agent: str):
+        super().__init__()
+        self.env, self.agent = env, agent
+
+    def __missing__(self, key: str):
+        env, agent = self.env, self.agent
+        if key == "prompt":
+            return env.task.prompt
+        if key == "role":
+            return env._agent_spec[agent].role
+        if key == "history":
+            seen = visible_speakers(env.visibility, agent)
+            return "".join(f"{t['agent']}: {t['text']}\n" for t in env.transcript if t["agent"] in seen)
+        if key == "tools":
+            registry = env.tools.get(agent)
+            return registry.describe() if registry is not None else ""
+        if key == "tool_results":
+            return "".join(f"[{c.name}] {c.result}\n" for c in env.tool_log if c.agent == agent)
+        if key == "task":
+            return _Namespace(env.task.metadata)
+        if key == "msg":
+            seen = visible_speakers(env.visibility, agent)
+            last = {t["agent"]: t["text"] for t in env.transcript if t["agent"] in seen}
+            return _Namespace({name: last.get(name, "") for name in env.possible_agents})
+        raise KeyError(f"unknown observation field {{{key}}}")
+
+
+class _Namespace:
+    def __init__(self, values: dict):
+        self._values = values
+
+    def __getattr__(self, name: str):
+        return str(self._values.get(name, ""))
+
+
+def _agent_tool_registries(scenario: Scenario) -> dict:
+    """One tool registry per agent that has tools, holding only that agent's tools."""
+    from marl.tools import ToolRegistry, ToolSpec
+
+    declared = {tool.name: tool for tool in scenario.spec.tools}
+    registries = {}
+    for agent in scenario.spec.agents:
+        if agent.tools:
+            specs = [ToolSpec(name=t.name, function=scenario.resolve(t.function), description=t.description,
+                              parameters=t.parameters, timeout_s=t.timeout_s)
+                     for t in (declared[name] for name in agent.tools)]
+            registries[agent.name] = ToolRegistry(specs, max_calls=scenario.spec.max_tool_calls_per_turn)
+    return registries
+
+
+def make_env(scenario: str | Path | dict | Scenario, *, overrides: list[str] = (), **options) -> ScenarioEnv:
+    """A PettingZoo ParallelEnv for a scenario (a built-in name, a path, a dict or a loaded Scenario)."""
+    loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    return ScenarioEnv(loaded, **options)
+
+
+def make_aec_env(scenario: str | Path | dict | Scenario, **options):
+    """The same environment through PettingZoo's parallel_to_aec conversion (turn-based AEC API)."""
+    return parallel_to_aec(make_env(scenario, **options))
+
+
+def env_fn(scenario: str | Path | dict | Scenario, **options):
+    """A zero-argument factory, as PettingZoo's seed tests expect."""
+    return partial(make_env, scenario, **options)

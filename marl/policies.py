@@ -1,0 +1,90 @@
+"""Policies for tests and baselines, and a rollout loop that plays episodes with them.
+
+A policy is `policy(agent, observation, task) -> text`. Built-in: `expert` (the scenario's expert
+function), `null` (always the empty message), `random` (printable noise, seeded) and any scripted
+'module:function' with the same signature. `rollout` plays one episode through the PettingZoo API
+and returns what happened; `mean_reward` averages team rewards over tasks.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from marl.scenario import Scenario
+from marl.types import Task
+
+Policy = Callable[[str, str, Task], str]
+
+
+def null_policy(agent: str, observation: str, task: Task) -> str:
+    """Says nothing: the absent agent."""
+    return ""
+
+
+def random_policy(seed: int = 0, max_chars: int = 16) -> Policy:
+    """Printable noise of random length, from its own seeded RNG."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits + string.punctuation + " "
+
+    def act(agent: str, observation: str, task: Task) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, max_chars)))
+
+    return act
+
+
+def get_policy(name: str, scenario: Scenario, seed: int = 0) -> Policy:
+    """`expert`, `null`, `random`, or a scripted 'module:function' (resolved next to the scenario)."""
+    if name == "null":
+        return null_policy
+    if name == "random":
+        return random_policy(seed)
+    if name == "expert":
+        if scenario.spec.expert is None:
+            raise ValueError(f"scenario {scenario.spec.name!r} has no expert (add `expert: module:function`)")
+        return scenario.resolve(scenario.spec.expert)
+    if ":" in name:
+        return scenario.resolve(name)
+    raise ValueError(f"unknown policy {name!r}: use expert, null, random or a 'module:function'")
+
+
+@dataclass
+class EpisodeResult:
+    """What one episode produced."""
+
+    task: Task
+    transcript: list[dict]
+    rewards: dict[str, float]
+    breakdown: dict
+    tool_validity: dict[str, float | None] = field(default_factory=dict)
+    observations: list[dict] = field(default_factory=list)  # (agent, observation, action) per heard turn
+
+
+def rollout(env, policy: Policy, task: Task | str | int | None = None, seed: int = 0) -> EpisodeResult:
+    """Play one episode of a ScenarioEnv with `policy` for every agent whose turn it is."""
+    observations, infos = env.reset(seed=seed, options={"task": task} if task is not None else None)
+    heard, rewards = [], {}
+    while env.agents:
+        acting = env.acting_agents()
+        actions = {}
+        for agent in env.agents:
+            text = policy(agent, observations[agent]["text"], env.task) if agent in acting else ""
+            actions[agent] = {"text": text}
+            if agent in acting:
+                heard.append({"agent": agent, "observation": observations[agent]["text"], "action": text})
+        observations, rewards, _, _, infos = env.step(actions)
+    validity = {agent: info.get("tool_validity") for agent, info in infos.items()}
+    return EpisodeResult(task=env.task, transcript=env.transcript, rewards=rewards, breakdown=env.breakdown or {},
+                         tool_validity=validity, observations=heard)
+
+
+def mean_reward(env, policy: Policy, tasks: list[Task], seed: int = 0) -> float:
+    """Mean over tasks of the mean reward over agents (the team reward in cooperative mode)."""
+    totals = []
+    for index, task in enumerate(tasks):
+        result = rollout(env, policy, task=task, seed=seed + index)
+        totals.append(statistics.fmean(result.rewards.values()))
+    return statistics.fmean(totals)

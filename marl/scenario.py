@@ -1,0 +1,339 @@
+"""Load a scenario YAML into a checked `Scenario`, or report every problem as FILE:LINE:COL.
+
+    scenario = load_scenario("scenarios/relay.yaml", overrides=["train.lr=1e-4"])
+    scenario.tasks()          # list[marl.types.Task]
+
+Problems come in two passes: the shape (pydantic: unknown keys, missing keys, wrong types) and the
+meaning (unknown agents in the graph, cycles, tools, teams, import paths, task files). All problems
+of a pass are collected, so a user fixes a file in one go. Each is printed as
+`FILE:LINE:COL: key.path: what is wrong (how to fix it)`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from marl.graph import check_graph
+from marl.imports import resolve_callable
+from marl.spec import ScenarioSpec, TaskSpec
+from marl.types import Task
+from marl.yaml_positions import YamlSyntaxError, load_with_positions, locate
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+TEMPLATE_FIELD = re.compile(r"\{(msg|task)\.([A-Za-z0-9_]+)\}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in a scenario: where it is and what to do about it."""
+
+    file: str
+    line: int
+    column: int
+    path: tuple
+    message: str
+
+    def __str__(self) -> str:
+        dotted = ".".join(str(part) for part in self.path) or "(file)"
+        return f"{self.file}:{self.line}:{self.column}: {dotted}: {self.message}"
+
+
+class ScenarioError(Exception):
+    """A scenario with problems; `problems` holds each one, str() gives one line per problem."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario: its spec and the directory its relative paths and imports resolve in."""
+
+    spec: ScenarioSpec
+    base_dir: Path
+    file: str = "<scenario>"
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def resolve(self, reference: str):
+        """The callable named by a 'module:function' reference of this scenario."""
+        return resolve_callable(reference, self.base_dir)
+
+    def tasks(self) -> list[Task]:
+        """Every task of the scenario (inline, JSONL or generated), loaded once."""
+        if "tasks" not in self._cache:
+            self._cache["tasks"] = load_tasks(self)
+        return self._cache["tasks"]
+
+    def split(self) -> tuple[list[Task], list[Task]]:
+        """(training tasks, held-out evaluation tasks): the last `tasks.eval_count` are held out."""
+        tasks, held_out = self.tasks(), self.spec.tasks.eval_count
+        return (tasks[:-held_out], tasks[-held_out:]) if held_out else (tasks, [])
+
+    @cached_property
+    def agent_names(self) -> list[str]:
+        return [agent.name for agent in self.spec.agents]
+
+
+def find_scenario(name_or_path: str | Path) -> Path:
+    """A path to a scenario file: the path itself, or a built-in scenario by name ('relay')."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        return builtin
+    known = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"no scenario file {name_or_path!r} (built-in scenarios: {known})")
+
+
+def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str] = ()) -> Scenario:
+    """Load and check a scenario from a path, a built-in name, a dict or a spec; raise ScenarioError."""
+    if isinstance(source, ScenarioSpec):
+        return _checked(source, {}, Path.cwd(), "<spec>", set())
+    if isinstance(source, dict):
+        data, positions, file, base_dir = source, {}, "<dict>", Path.cwd()
+    else:
+        path = find_scenario(source)
+        file, base_dir = str(path), path.resolve().parent
+        try:
+            data, positions = load_with_positions(path.read_text())
+        except YamlSyntaxError as error:
+            raise ScenarioError([Problem(file, error.line, error.column, (), error.message)]) from None
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem(file, 1, 1, (), "a scenario file must be a mapping of sections "
+                                     "(name, agents, tasks, rewards, ...)")])
+    data, overridden = apply_overrides(data, overrides, file)
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as error:
+        problems = [_shape_problem(e, data, positions, file, overridden) for e in error.errors()]
+        raise ScenarioError(problems) from None
+    return _checked(spec, positions, base_dir, file, overridden)
+
+
+def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, set]:
+    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set."""
+    data = json.loads(json.dumps(data))  # deep copy of plain data
+    overridden = set()
+    for item in overrides:
+        if "=" not in item:
+            raise ScenarioError([Problem(file, 0, 0, (), f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")])
+        key, raw = item.split("=", 1)
+        path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
+        node = data
+        for part in path[:-1]:
+            node = node[part] if isinstance(node, list) else node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(raw)
+        overridden.add(path)
+    return data, overridden
+
+
+def _where(path, positions, file, overridden) -> tuple[str, int, int]:
+    for prefix in overridden:
+        if tuple(path[:len(prefix)]) == prefix:
+            return f"{file} (--set {'.'.join(map(str, prefix))})", 0, 0
+    line, column = locate(positions, path)
+    return file, line, column
+
+
+def _data_path(loc: tuple, data: Any) -> tuple:
+    """The prefix of a pydantic error location that really indexes into the data."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and not path[-1:] == [part]:
+            path.append(part)  # a missing key: point at it by name
+            break
+        else:
+            break
+        path.append(part)
+    return tuple(path)
+
+
+def _allowed_keys(path: tuple) -> list[str]:
+    model: Any = ScenarioSpec
+    for part in path:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return []
+        model = _model_of(fields[part].annotation)
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _model_of(annotation) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in getattr(annotation, "__args__", ()):
+        found = _model_of(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
+    kind, loc = error["type"], tuple(error["loc"])
+    path = _data_path(loc, data)
+    if kind == "extra_forbidden":
+        allowed = ", ".join(_allowed_keys(path[:-1]))
+        message = f"unknown key {path[-1]!r} (remove it or fix its spelling; allowed here: {allowed})"
+    elif kind == "missing":
+        message = f"required key {loc[-1]!r} is missing (add it)"
+        path = path if path and path[-1] == loc[-1] else path + (loc[-1],)
+    else:
+        got = error.get("input")
+        shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+        message = f"{error['msg'].removeprefix('Value error, ')} (got {shown})"
+    file_label, line, column = _where(path, positions, file, overridden)
+    return Problem(file_label, line, column, path, message)
+
+
+def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden: set) -> Scenario:
+    scenario = Scenario(spec=spec, base_dir=base_dir, file=file)
+    problems = [Problem(*_where(path, positions, file, overridden), path, message)
+                for path, message in check_semantics(scenario)]
+    if problems:
+        raise ScenarioError(problems)
+    return scenario
+
+
+def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
+    """Cross-reference problems as (key path, message) pairs; empty when the scenario is sound."""
+    spec, names = scenario.spec, scenario.agent_names
+    problems = []
+    seen = set()
+    for index, agent in enumerate(spec.agents):
+        if agent.name in seen:
+            problems.append((("agents", index, "name"), f"duplicate agent name {agent.name!r} (names must be unique)"))
+        seen.add(agent.name)
+        tool_names = {tool.name for tool in spec.tools}
+        for j, tool in enumerate(agent.tools):
+            if tool not in tool_names:
+                problems.append((("agents", index, "tools", j), f"unknown tool {tool!r} (declare it under `tools` "
+                                 f"or remove it; declared: {', '.join(sorted(tool_names)) or 'none'})"))
+    problems += [(("graph",) + p.path, p.message) for p in check_graph(names, spec.graph)]
+    problems += _team_problems(spec, names)
+    problems += _reward_problems(scenario)
+    problems += _reference_problems(scenario)
+    problems += _template_problems(spec, names)
+    return problems
+
+
+def _team_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:
+    if spec.mode != "mixed":
+        return [(("teams",), "teams are only read in mode 'mixed' (remove them or set mode: mixed)")] \
+            if spec.teams else []
+    if not spec.teams or len(spec.teams) < 2:
+        return [(("teams",), "mode 'mixed' needs at least two teams (team name -> list of agents)")]
+    problems, placed = [], {}
+    for team, members in spec.teams.items():
+        for j, name in enumerate(members):
+            if name not in names:
+                problems.append((("teams", team, j), f"unknown agent {name!r} (known: {', '.join(names)})"))
+            elif name in placed:
+                problems.append((("teams", team, j), f"agent {name!r} is already in team {placed[name]!r}"))
+            placed.setdefault(name, team)
+    missing = [name for name in names if name not in placed]
+    if missing:
+        problems.append((("teams",), f"agents without a team: {', '.join(missing)} (add each to one team)"))
+    return problems
+
+
+def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    from judges.registry import KNOWN_KINDS, build_scorer
+
+    rewards, names = scenario.spec.rewards, scenario.agent_names
+    judge_names = {judge.name for judge in scenario.spec.judges}
+    problems = []
+    if rewards.answer_from is not None and rewards.answer_from not in names:
+        problems.append((("rewards", "answer_from"), f"unknown agent {rewards.answer_from!r} (known: {', '.join(names)})"))
+    for layer in ("outcome", "process", "format", "penalties"):
+        for index, scorer in enumerate(getattr(rewards, layer)):
+            path = ("rewards", layer, index)
+            if scorer.agent is not None and scorer.agent not in names:
+                problems.append((path + ("agent",), f"unknown agent {scorer.agent!r} (known: {', '.join(names)})"))
+            if scorer.kind in judge_names:
+                continue
+            if scorer.kind not in KNOWN_KINDS:
+                problems.append((path + ("kind",), f"unknown scorer kind {scorer.kind!r} (rule kinds: "
+                                 f"{', '.join(KNOWN_KINDS)}; or the name of a judge under `judges`)"))
+                continue
+            try:
+                build_scorer(scorer.kind, scorer.params(), scenario.base_dir)
+            except (ValueError, TypeError) as error:
+                problems.append((path, f"{scorer.kind}: {error}"))
+    return problems
+
+
+def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    spec, problems = scenario.spec, []
+    references = [(("expert",), spec.expert), (("tasks", "generator"), spec.tasks.generator)]
+    references += [(("tools", i, "function"), tool.function) for i, tool in enumerate(spec.tools)]
+    for path, reference in references:
+        if reference is None:
+            continue
+        try:
+            scenario.resolve(reference)
+        except ValueError as error:
+            problems.append((path, f"{error} (fix the 'module:function' path)"))
+    if spec.tasks.jsonl is not None and not (scenario.base_dir / spec.tasks.jsonl).is_file():
+        problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} not found next to the scenario "
+                         f"(looked in {scenario.base_dir})"))
+    return problems
+
+
+def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:
+    problems = []
+    for index, agent in enumerate(spec.agents):
+        for kind, key in TEMPLATE_FIELD.findall(agent.observation or ""):
+            if kind == "msg" and key not in names:
+                problems.append((("agents", index, "observation"),
+                                 f"{{msg.{key}}} names no agent (known: {', '.join(names)})"))
+    return problems
+
+
+def load_tasks(scenario: Scenario) -> list[Task]:
+    """The scenario's tasks as `Task` objects, with ids (`<scenario>-<n>` unless given)."""
+    spec = scenario.spec.tasks
+    if spec.inline is not None:
+        raw = [task.model_dump() for task in spec.inline]
+    elif spec.jsonl is not None:
+        raw = _read_jsonl(scenario.base_dir / spec.jsonl)
+    else:
+        produced = scenario.resolve(spec.generator)(seed=spec.seed, count=spec.count)
+        raw = [task if isinstance(task, dict) else task.__dict__ for task in produced]
+    tasks = []
+    for index, item in enumerate(raw):
+        item = TaskSpec.model_validate(item)
+        tasks.append(Task(id=item.id or f"{scenario.spec.name}-{index}", prompt=item.prompt, answer=item.answer,
+                          metadata=dict(item.metadata), difficulty=item.difficulty, variants=tuple(item.variants)))
+    if not tasks:
+        raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), "the scenario produced no tasks")])
+    return tasks
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows, problems = [], []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(TaskSpec.model_validate(json.loads(line)).model_dump())
+        except (json.JSONDecodeError, ValidationError) as error:
+            problems.append(Problem(str(path), number, 1, ("tasks", "jsonl"), f"bad task line: {error}".splitlines()[0]))
+    if problems:
+        raise ScenarioError(problems)
+    return rows

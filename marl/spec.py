@@ -1,0 +1,221 @@
+"""The scenario schema: strict, typed, documented models of a scenario YAML file.
+
+Every section owns its fields and defaults; unknown keys are errors. The shape is checked here by
+pydantic; cross-references (agent names in the graph, tools, teams, imports) are checked by
+`marl.scenario.check_semantics`, and both kinds of problem are reported as `FILE:LINE:COL: key.path:
+what is wrong (how to fix it)` by `marl.scenario.load_scenario`.
+
+Sections whose meaning later modules give (`credit`, `judges`, `train`) are validated for shape here
+so that a typo fails at load time, not an hour into a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Strict(BaseModel):
+    """Base of every section: unknown keys are rejected and specs are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentSpec(Strict):
+    """One agent of the scenario."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="identifier used by the graph, tools and rewards")
+    role: str = Field("", description="role / system prompt; keep it a short tag for the tiny model")
+    policy: str = Field("shared", description="'shared' (one model, role-conditioned), a model directory, or a name")
+    tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
+    max_tokens: int = Field(16, ge=1, description="most tokens the agent may write per turn")
+    observation: str | None = Field(
+        None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
+                          "{task.KEY} (task metadata), {msg.AGENT} (that agent's last visible message)")
+
+
+class GraphSpec(Strict):
+    """Who sees whom and who speaks when."""
+
+    edges: list[tuple[str, str]] | None = Field(
+        None, description="[speaker, listener] pairs: the listener sees the speaker's messages; "
+                          "omitted = everyone sees everyone")
+    order: Literal["round_robin", "topological", "schedule"] = Field(
+        "round_robin", description="round_robin over `agents`; topological over the edges (a DAG, agents of one "
+                                   "layer act together); or the explicit `schedule`")
+    schedule: list[str | list[str]] | None = Field(
+        None, description="with order=schedule: the turns of one round; a list entry = agents acting together")
+    rounds: int = Field(1, ge=1, description="rounds of the turn order before the episode ends")
+    end_on: str | None = Field(None, description="regex; the episode ends early when a message fully matches it")
+
+
+class TaskSpec(Strict):
+    """One inline task."""
+
+    id: str | None = None
+    prompt: str
+    answer: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    difficulty: float | None = None
+    variants: list[str] = Field(default_factory=list, description="paraphrases of the prompt")
+
+
+class TasksSpec(Strict):
+    """Where the tasks come from: exactly one of inline, jsonl, generator."""
+
+    inline: list[TaskSpec] | None = None
+    jsonl: str | None = Field(None, description="path of a JSONL file, relative to the scenario file")
+    generator: str | None = Field(None, description="'module:function' called as function(seed=..., count=...)")
+    seed: int = 0
+    count: int = Field(100, ge=1, description="tasks asked of a generator")
+    eval_count: int = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [name for name in ("inline", "jsonl", "generator") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of inline, jsonl, generator (got {given or 'none'})")
+        return self
+
+
+class ToolDecl(Strict):
+    """A tool agents may call."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    function: str = Field(description="'module:function' (module relative to the scenario file first)")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                                       description="JSON schema of the arguments")
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class ScorerSpec(BaseModel):
+    """A rule verifier (or, later, a judge) in a reward layer: `kind` plus that kind's parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str = Field(description="exact, numeric, regex, contains, json_schema, callable, sql, code_tests, "
+                                  "tool_use, process, format (or a judge name from `judges`)")
+    weight: float = Field(1.0, ge=0, description="weight within its layer")
+    agent: str | None = Field(None, description="score this agent's last message (default: rewards.answer_from)")
+
+    def params(self) -> dict[str, Any]:
+        """The kind-specific parameters (everything but kind, weight, agent)."""
+        return dict(self.model_extra or {})
+
+
+class PenaltySpec(ScorerSpec):
+    """A penalty: `amount` is subtracted when the scorer's score is below 1."""
+
+    amount: float = Field(gt=0)
+
+
+class LayerWeights(Strict):
+    """Weights of the reward layers."""
+
+    outcome: float = Field(0.6, ge=0)
+    process: float = Field(0.3, ge=0)
+    format: float = Field(0.1, ge=0)
+
+
+class RewardsSpec(Strict):
+    """How an episode is scored: layered rule verifiers and judges, plus penalties."""
+
+    weights: LayerWeights = Field(default_factory=LayerWeights)
+    normalize: bool = Field(True, description="divide by the total weight of the layers that have scorers, so "
+                                              "the best total is 1; false keeps raw weighted sums")
+    outcome: list[ScorerSpec] = Field(default_factory=list)
+    process: list[ScorerSpec] = Field(default_factory=list)
+    format: list[ScorerSpec] = Field(default_factory=list)
+    penalties: list[PenaltySpec] = Field(default_factory=list)
+    answer_from: str | None = Field(None, description="agent whose last message is the team answer "
+                                                      "(default: the last agent to speak)")
+    process_credit_when_correct: float = Field(
+        1 / 3, ge=0, le=1, description="process score given to a correct answer that shows no process markers")
+
+    @model_validator(mode="after")
+    def _something_to_score(self):
+        if not (self.outcome or self.process or self.format):
+            raise ValueError("rewards need at least one scorer in outcome, process or format")
+        return self
+
+
+class CreditSpec(Strict):
+    """Credit assignment (meaning given by the credit module)."""
+
+    method: Literal["team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core"] = "team"
+    estimator: Literal["auto", "exact", "permutation", "antithetic", "tmc", "stratified", "kernel"] = "auto"
+    budget: int | None = Field(None, ge=1, description="coalition evaluations per episode")
+    absent: Literal["skip_turn", "null_message", "default_policy", "resample", "replay", "mask"] = "null_message"
+    unions: dict[str, list[str]] | None = Field(None, description="Owen value: a priori unions of agents")
+    rollouts: int = Field(1, ge=1, description="rollouts per coalition")
+    seed: int = 0
+
+
+class JudgeSpec(Strict):
+    """A model judge (meaning given by the judges module)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    backend: Literal["openai", "local", "simulated"] = "openai"
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+    mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"
+    rubric: str | None = None
+    scale: tuple[int, int] = (1, 10)
+    calibration: str | None = Field(None, description="path of a calibration JSON for this judge")
+    concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class TrackingSpec(Strict):
+    """Experiment tracking."""
+
+    tracker: Literal["wandb", "jsonl", "none"] = "wandb"
+    project: str = "marl"
+
+
+class TrainSpec(Strict):
+    """Training settings (meaning given by the trainer; names follow trainers.grpo.GRPOConfig)."""
+
+    steps: int = Field(100, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(5e-5, gt=0)
+    beta: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    buckets: int = Field(3, ge=1)
+    floor_reward: float = Field(0.05, ge=0)
+    diversity_penalty: float = Field(0.0, ge=0)
+    seed: int = 0
+    threads: int = Field(1, ge=1)
+    stages: list[Literal["warmup", "main", "reflection", "safety"]] = Field(
+        default_factory=lambda: ["warmup", "main"])
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+
+class ScenarioSpec(Strict):
+    """A whole scenario file."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    mode: Literal["cooperative", "competitive", "mixed"] = Field(
+        "cooperative", description="cooperative: one team reward; competitive: zero-sum between agents; "
+                                   "mixed: zero-sum between `teams`")
+    teams: dict[str, list[str]] | None = Field(None, description="mixed mode: team name -> agent names")
+    agents: list[AgentSpec] = Field(min_length=1)
+    graph: GraphSpec = Field(default_factory=GraphSpec)
+    tasks: TasksSpec
+    expert: str | None = Field(None, description="'module:function' called as function(agent, observation, task)")
+    tools: list[ToolDecl] = Field(default_factory=list)
+    rewards: RewardsSpec
+    credit: CreditSpec = Field(default_factory=CreditSpec)
+    judges: list[JudgeSpec] = Field(default_factory=list)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    observation_max_chars: int = Field(512, ge=16, description="observations are clipped to this (most recent kept)")
+    action_max_chars: int = Field(256, ge=1, description="an agent's message is clipped to this")
+    max_tool_calls_per_turn: int = Field(4, ge=0)

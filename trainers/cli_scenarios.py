@@ -1,0 +1,90 @@
+"""`marl validate` and `marl rollout`: check scenario files, and play episodes with a fixed policy.
+
+These commands need no torch: they import only marl and judges.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+
+def validate_command(args) -> int:
+    """Print every problem of every file (FILE:LINE:COL: key.path: message); exit 2 if any."""
+    from marl.scenario import ScenarioError, load_scenario
+
+    failures = 0
+    for file in args.files:
+        try:
+            scenario = load_scenario(file, args.set)
+            tasks = scenario.tasks()
+        except ScenarioError as error:
+            failures += 1
+            for problem in error.problems:
+                print(problem)
+            continue
+        except FileNotFoundError as error:
+            failures += 1
+            print(f"{file}:0:0: (file): {error}")
+            continue
+        spec = scenario.spec
+        print(f"{file}: ok ({spec.mode}, {len(spec.agents)} agents, {len(tasks)} tasks, "
+              f"{len(spec.tools)} tools)")
+    return 2 if failures else 0
+
+
+def _format_breakdown(name: str, breakdown) -> list[str]:
+    lines = [f"  reward[{name}] = {breakdown.total:.3f}  layers: " + ", ".join(
+        f"{layer} {score:.2f}" if score is not None else f"{layer} -" for layer, score in breakdown.layers.items())]
+    for part in breakdown.components:
+        score = "failed" if part["score"] is None else f"{part['score']:.2f}"
+        lines.append(f"    {part['layer']:<8} {part['kind']:<11} {score:>6}  {part['rationale'][:90]}")
+    for penalty in breakdown.penalties:
+        if penalty["applied"]:
+            lines.append(f"    penalty  {penalty['kind']:<11} -{penalty['amount']:.2f}  {penalty['rationale'][:90]}")
+    return lines
+
+
+def print_episode(result) -> None:
+    """A readable transcript with each heard observation, the action, tool results and rewards."""
+    print(f"task {result.task.id}: {result.task.prompt!r}  (answer {result.task.answer!r})")
+    for turn in result.observations:
+        print(f"  {turn['agent']} sees {turn['observation']!r}")
+        print(f"  {turn['agent']} says {turn['action']!r}")
+    for name, breakdown in result.breakdown.items():
+        for line in _format_breakdown(name, breakdown):
+            print(line)
+    print("  rewards: " + ", ".join(f"{agent} {value:+.3f}" for agent, value in result.rewards.items()))
+
+
+def rollout_command(args) -> int:
+    """Play episodes with one policy and print their transcripts and reward breakdowns."""
+    from marl.env import make_env
+    from marl.policies import get_policy, rollout
+    from marl.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.file, args.set)
+        policy = get_policy(args.policy, scenario, seed=args.seed)
+    except ScenarioError as error:
+        for problem in error.problems:
+            print(problem)
+        return 2
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"marl: error: {error}")
+    env = make_env(scenario)
+    train, held_out = scenario.split()
+    tasks = (held_out or train)[: args.episodes]
+    means = []
+    for index, task in enumerate(tasks):
+        result = rollout(env, policy, task=task, seed=args.seed + index)
+        means.append(statistics.fmean(result.rewards.values()) if scenario.spec.mode == "cooperative"
+                     else max(b.total for b in result.breakdown.values()))
+        if not args.quiet:
+            print_episode(result)
+    valid = [m for m in means if not math.isnan(m)]
+    summary = {"scenario": scenario.spec.name, "policy": args.policy, "episodes": len(means),
+               "mean_reward": statistics.fmean(valid) if valid else None, "masked": len(means) - len(valid)}
+    print(json.dumps(summary))
+    return 0
