@@ -24,17 +24,16 @@ Every kind also takes `name` (default: the kind). markers defaults to DEFAULT_MA
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
-import sys
 import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from judges.imports import resolve_callable
 from judges.types import Scorer
 
 
@@ -82,47 +81,6 @@ def scorer_parameters(kind: str) -> dict[str, tuple[Any, Any]]:
         annotation = str if (kind, name) == ("callable", "function") else hints.get(name, Any)
         parameters[name] = (annotation, default)
     return parameters
-
-
-def _import_from_file(module: str, base_dir: Path):
-    # Same private naming as marl.imports, so a scenario module is imported once whoever asks first.
-    candidate = base_dir.joinpath(*module.split(".")).with_suffix(".py")
-    if not candidate.is_file():
-        return None
-    digest = hashlib.sha256(str(candidate.resolve()).encode()).hexdigest()[:12]
-    name = f"_marl_scenario_{digest}_{module.replace('.', '_')}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, candidate)
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[name] = loaded
-    try:
-        spec.loader.exec_module(loaded)
-    except Exception as error:
-        del sys.modules[name]
-        raise ValueError(f"importing {candidate} failed: {type(error).__name__}: {error}") from None
-    return loaded
-
-
-def resolve_callable(reference: str, base_dir: str | Path | None = None) -> Callable:
-    """The callable named by 'module:function' (module looked for first as a file under base_dir)."""
-    if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
-        raise ValueError(f"{reference!r} is not a 'module:function' reference (e.g. 'checks:is_valid')")
-    module_name, attribute = reference.split(":")
-    module = _import_from_file(module_name, Path(base_dir)) if base_dir is not None else None
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            where = f"{base_dir} and sys.path" if base_dir is not None else "sys.path"
-            raise ValueError(f"cannot import {reference!r}: module {module_name!r} not found or broken "
-                             f"(looked in {where}): {error}") from None
-    target = getattr(module, attribute, None)
-    if target is None:
-        raise ValueError(f"cannot import {reference!r}: module {module_name!r} has no attribute {attribute!r}")
-    if not callable(target):
-        raise ValueError(f"{reference!r} is not callable")
-    return target
 
 
 def _describe(parameters: dict[str, tuple[Any, Any]]) -> str:

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from marl.graph import check_graph
-from marl.imports import resolve_callable
+from judges.imports import resolve_callable
 from marl.spec import ScenarioSpec, TaskSpec
 from marl.types import Task
 from marl.yaml_positions import YamlSyntaxError, load_with_positions, locate

@@ -233,7 +233,7 @@ def test_registry_errors_name_the_problem():
         build_scorer("sql", {"database": "missing.sqlite"})
     with pytest.raises(ValueError, match="'no_such_module:f'"):
         build_scorer("callable", {"function": "no_such_module:f"})
-    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+    with pytest.raises(ValueError, match="has no attribute nope"):
         build_scorer("callable", {"function": "json:nope"})
     with pytest.raises(ValueError, match="not a 'module:function' reference"):
         build_scorer("callable", {"function": "json.dumps"})

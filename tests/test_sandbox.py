@@ -22,21 +22,27 @@ from judges.types import Candidate, Item
 
 @pytest.fixture(autouse=True)
 def contained(monkeypatch):
-    """Records the sandbox's temporary directories; afterwards none may remain, nor any child process."""
-    made, original = [], sandbox.tempfile.mkdtemp
+    """Records the sandbox's temporary directories and uids; afterwards no directory may remain, nor any
+    process of ours: no descendant, and no process running under a uid one of this test's runs used
+    (an escaped, re-parented child). Other programs' sandboxes on the machine are not ours to count."""
+    made, uids, original_mkdtemp, original_pick = [], [], sandbox.tempfile.mkdtemp, sandbox._pick_uid
 
     def recording_mkdtemp(*args, **kwargs):
-        path = original(*args, **kwargs)
+        path = original_mkdtemp(*args, **kwargs)
         made.append(path)
         return path
 
+    def recording_pick():
+        uids.append(original_pick())
+        return uids[-1]
+
     monkeypatch.setattr(sandbox.tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(sandbox, "_pick_uid", recording_pick)
     yield made
     assert [path for path in made if os.path.exists(path)] == []
     table = process_table()
     assert descendants(os.getpid(), table) == []
-    if os.geteuid() == 0:  # the sandbox's own uids
-        assert [pid for pid, (_, uid) in table.items() if uid >= 1_900_000_000] == []
+    assert [pid for pid, (_, uid) in table.items() if uid in uids] == []
 
 
 def process_table() -> dict[int, tuple[int, int]]:

@@ -380,8 +380,8 @@ def test_load_tool_by_normal_import():
 
 
 @pytest.mark.parametrize("ref, message", [
-    ("json", "must look like 'module:function'"),
-    (":dumps", "must look like 'module:function'"),
+    ("json", "is not a 'module:function' reference"),
+    (":dumps", "is not a 'module:function' reference"),
     ("no_such_module_xyz.sub:fn", "module no_such_module_xyz.sub not found (looked in"),
     ("json:no_such_function", "module json has no attribute no_such_function"),
     ("json:__doc__", "is not callable"),

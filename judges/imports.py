@@ -1,4 +1,4 @@
-"""Resolve 'module:function' references from scenario files (tools, task generators, experts, scorers).
+"""Resolve 'module:function' references (tools, task generators, experts, callable scorers).
 
 A module is looked for first as a file next to the scenario (`<base_dir>/pkg/mod.py` for `pkg.mod`),
 imported once under a private unique name (so two scenario folders with a `lib.py` each never
@@ -24,7 +24,7 @@ def resolve_callable(ref: str, base_dir: Path | str | None = None) -> Callable[.
     module_name, _, attr = (ref or "").partition(":")
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr:
-        raise ValueError(f"tool reference {ref!r} must look like 'module:function' (e.g. 'tools.weather:get_weather')")
+        raise ValueError(f"{ref!r} is not a 'module:function' reference (e.g. 'weather_lib:get_weather')")
     module = _import_file(ref, module_name, Path(base_dir)) if base_dir is not None else None
     if module is None:
         module = _import_module(ref, module_name, base_dir)
