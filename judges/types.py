@@ -65,13 +65,15 @@ def failed(status: str, rationale: str, **details) -> Judgment:
 
 @dataclass(frozen=True)
 class ToolCallRecord:
-    """A tool call an agent made: name, parsed arguments, whether it ran, and what it returned."""
+    """A tool call an agent made: name, parsed arguments, whether it ran, what it returned, and the
+    turn of the message it was made in (environments set it; None outside an episode)."""
 
     agent: str
     name: str
     arguments: dict[str, Any]
     ok: bool
     result: str = ""
+    turn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class Candidate:
 
     text: the final answer text to verify.
     reasoning: the text in which process markers are looked for (default: the whole transcript).
-    transcript: every message of the episode as {"agent": name, "text": text}.
+    transcript: every message of the episode as {"agent": name, "text": text, "turn": n}.
     tool_calls: the tool calls made, in order.
     agent: who produced `text` (None for a team answer).
     """

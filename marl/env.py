@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 import re
 import string
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -146,7 +147,7 @@ class ScenarioEnv(ParallelEnv):
         self.transcript.append({"agent": agent, "text": text, "turn": self.turn_index})
         registry = self.tools.get(agent)
         if registry is not None and text:
-            self.tool_log.extend(registry.run_all(agent, text))
+            self.tool_log.extend(replace(call, turn=self.turn_index) for call in registry.run_all(agent, text))
 
     # -- what agents see --------------------------------------------------------------------------
 

@@ -123,7 +123,7 @@ def build_candidate(transcript: list[dict], tool_calls: list[ToolCallRecord], ag
     own = [turn["text"] for turn in transcript if turn["agent"] == agent]
     reasoning = "\n".join(f"{turn['agent']}: {turn['text']}" for turn in transcript)
     return Candidate(text=own[-1] if own else "", reasoning=reasoning,
-                     transcript=tuple({"agent": t["agent"], "text": t["text"]} for t in transcript),
+                     transcript=tuple({"agent": t["agent"], "text": t["text"], "turn": t["turn"]} for t in transcript),
                      tool_calls=tuple(tool_calls), agent=agent)
 
 

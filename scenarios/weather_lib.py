@@ -129,8 +129,6 @@ def expert(agent: str, observation: str, task) -> str:
 # -- scorers ----------------------------------------------------------------------------------------
 
 _VERDICT = re.compile(r"answer:\s*\**\s*(yes|no)\b", re.IGNORECASE)
-MAX_CALLS_PER_TURN = 4  # keep equal to the scenario's max_tool_calls_per_turn
-_REGISTRY = None
 
 
 def verdict(text: str) -> str | None:
@@ -139,25 +137,12 @@ def verdict(text: str) -> str | None:
     return found[-1].lower() if found else None
 
 
-def _registry():
-    """A tool registry with the scenario's tools, to count the calls written in one message."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        from marl.tools import ToolRegistry, ToolSpec
-
-        schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-        _REGISTRY = ToolRegistry([ToolSpec("get_weather", get_weather, parameters=schema),
-                                  ToolSpec("get_air_quality", get_air_quality, parameters=schema)],
-                                 max_calls=MAX_CALLS_PER_TURN)
-    return _REGISTRY
-
-
 def _calls_before_final_message(candidate) -> list:
-    """The candidate agent's tool calls made before its final message (the env logs calls in message
-    order, so the final message's calls are the last ones of the log)."""
-    own = [call for call in candidate.tool_calls if call.agent == candidate.agent]
-    in_final = len(_registry().parse(candidate.text or ""))
-    return own[:max(0, len(own) - in_final)]
+    """The candidate agent's tool calls made in messages before its final one (calls carry their turn)."""
+    own_turns = [turn["turn"] for turn in candidate.transcript if turn["agent"] == candidate.agent]
+    final_turn = own_turns[-1] if own_turns else -1
+    return [call for call in candidate.tool_calls
+            if call.agent == candidate.agent and call.turn is not None and call.turn < final_turn]
 
 
 def correct_after_weather(item, candidate) -> float:

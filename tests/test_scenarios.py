@@ -54,3 +54,27 @@ def test_relay_is_deterministic_for_a_seed():
     first = env.reset(seed=7)[0]
     assert env.reset(seed=7)[0] == first
     assert mean_reward(env, get_policy("expert", env.scenario), env.tasks[:5]) == 1.0
+
+
+def _weather_total(messages: list[str]) -> float:
+    env = make_env("weather")
+    task = next(t for t in env.tasks if t.metadata.get("city") == "Paris")
+    env.reset(seed=0, options={"task": task})
+    rewards = {}
+    for text in messages:
+        _, rewards, *_ = env.step({"runner": {"text": text.replace("VERDICT", task.answer)}})
+        if not env.agents:
+            break
+    return rewards["runner"]
+
+
+@pytest.mark.parametrize("messages,expected", [
+    (['get_weather(city="Paris")\nget_air_quality(city="Paris")', "ANSWER: VERDICT"], 1.5),
+    (['get_weather(city="Paris")', "ANSWER: VERDICT"], 1.0),
+    (['get_weather(city="Paris")\nget_air_quality(city="Paris")', "ANSWER: wrong"], 0.5),
+    (["ANSWER: VERDICT"], -0.5),  # answering blind
+    (['get_weather(city="Paris") ANSWER: VERDICT'], 0.0),  # the answer came before the weather was seen
+    (["", "", ""], 0.0),  # silence is not an answer
+])
+def test_weather_rewards_follow_the_rules(messages, expected):
+    assert _weather_total(messages) == pytest.approx(expected)
