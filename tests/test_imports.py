@@ -17,6 +17,17 @@ def test_light_layers_import_no_heavy_library():
     assert not {name for name in loaded if name.split(".")[0] in HEAVY}
 
 
+def test_scenarios_environments_and_verifiers_need_no_heavy_library():
+    loaded = _modules_after_import("import marl.env, marl.scenario, marl.tools, marl.policies, judges.registry, "
+                                   "trainers.cli, trainers.cli_scenarios; marl.make_env('relay')")
+    assert not {name for name in loaded if name.split(".")[0] in HEAVY}
+
+
+def test_judges_import_neither_marl_nor_trainers():
+    loaded = _modules_after_import("import judges.registry, judges.rules, judges.sql, judges.code, judges.sandbox")
+    assert not {name for name in loaded if name.split(".")[0] in ("marl", "trainers")}
+
+
 def test_the_check_detects_a_heavy_import():
     loaded = _modules_after_import("import trainers.grpo")
     assert "torch" in loaded
