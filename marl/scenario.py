@@ -313,16 +313,35 @@ def load_tasks(scenario: Scenario) -> list[Task]:
     elif spec.jsonl is not None:
         raw = _read_jsonl(scenario.base_dir / spec.jsonl)
     else:
-        produced = scenario.resolve(spec.generator)(seed=spec.seed, count=spec.count)
-        raw = [task if isinstance(task, dict) else task.__dict__ for task in produced]
+        raw = _generate(scenario)
     tasks = []
     for index, item in enumerate(raw):
-        item = TaskSpec.model_validate(item)
+        try:
+            item = TaskSpec.model_validate(item)
+        except ValidationError as error:
+            raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), f"task {index} is malformed: "
+                                         f"{_first_line(error)} (fix the task source)")]) from None
         tasks.append(Task(id=item.id or f"{scenario.spec.name}-{index}", prompt=item.prompt, answer=item.answer,
                           metadata=dict(item.metadata), difficulty=item.difficulty, variants=tuple(item.variants)))
     if not tasks:
         raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), "the scenario produced no tasks")])
     return tasks
+
+
+def _first_line(error: Exception) -> str:
+    return " ".join(str(error).split("\n")[:3])
+
+
+def _generate(scenario: Scenario) -> list[dict]:
+    """Call the task generator; any failure becomes a ScenarioError naming the generator."""
+    spec = scenario.spec.tasks
+    try:
+        produced = list(scenario.resolve(spec.generator)(seed=spec.seed, count=spec.count))
+    except Exception as error:  # noqa: BLE001 - user code: report it, never a traceback
+        raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks", "generator"),
+                                     f"{spec.generator} raised {type(error).__name__}: {error} "
+                                     "(fix the generator)")]) from None
+    return [task if isinstance(task, dict) else dict(vars(task)) for task in produced]
 
 
 def _read_jsonl(path: Path) -> list[dict]:

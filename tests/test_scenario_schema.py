@@ -117,3 +117,16 @@ def test_cli_validate_prints_problems_and_exits_2_without_traceback(tmp_path):
     assert f"{path}:6:15: graph.edges.0.1: unknown agent 'c'" in result.stdout
     assert "scenarios/relay.yaml: ok" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
+    (tmp_path / "gen.py").write_text("def tasks(seed, count):\n    raise RuntimeError('no data')\n")
+    text = GOOD.replace("  inline:\n    - prompt: \"1+1=\"\n      answer: \"2\"\n", "  generator: gen:tasks\n")
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    with pytest.raises(ScenarioError, match=r"tasks.generator: gen:tasks raised RuntimeError: no data"):
+        scenario.tasks()
+    result = subprocess.run([sys.executable, "-m", "trainers.cli", "validate", str(path)], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "raised RuntimeError" in result.stdout and "Traceback" not in result.stderr
