@@ -3,6 +3,7 @@
     marl demo [--steps N] [--out DIR] [--resume] [--set grpo.lr=1e-4 ...]
     marl validate FILE... [--set key=value ...]
     marl rollout FILE [--policy expert|null|random|module:function] [--episodes N]
+    marl serve MODEL_DIR [--port N]
 
 Errors are printed as one clear line (what is wrong and how to fix it) with exit status 2, never a
 traceback. Ctrl-C writes a checkpoint and exits with status 130.
@@ -122,7 +123,27 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     rollout.set_defaults(handler=_rollout)
+
+    serve = commands.add_parser("serve", help="serve a local model on an OpenAI-compatible endpoint")
+    serve.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face causal-LM directory")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
+    serve.set_defaults(handler=_serve)
     return parser
+
+
+def _serve(args) -> int:
+    _quiet_libraries()
+    from trainers.serve import serve
+
+    try:
+        serve(args.model_dir, args.host, args.port, args.name)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
+    return 0
 
 
 def _validate(args) -> int:

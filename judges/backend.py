@@ -1,0 +1,82 @@
+"""The contract between model judges and whatever answers their prompts (plain data, no openai import).
+
+A `ChatBackend` turns one `ChatRequest` into one `ChatResponse`, asynchronously. Backends:
+`judges.openai_backend.OpenAIBackend` (any OpenAI-compatible endpoint through `openai.AsyncOpenAI`,
+or any object shaped like it, such as `judges.simulated.SimulatedClient`), and a local transformers
+model served by `marl serve`. A response never raises for a model-side problem: failures come back
+as a status (`api_error`, `timeout`, `truncated`, `refusal`), which judges turn into failed
+Judgments (masked downstream, never scored 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+RESPONSE_STATUSES = ("ok", "api_error", "timeout", "truncated", "refusal")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat completion request.
+
+    messages: ({"role": "system"|"user"|"assistant", "content": str}, ...).
+    logprobs / top_logprobs: ask for the top alternatives of every generated token.
+    seed: passed to the endpoint (best effort on hosted models).
+    """
+
+    messages: tuple[dict[str, str], ...]
+    max_tokens: int = 512
+    temperature: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    seed: int | None = None
+
+    def key(self, backend_identity: str) -> str:
+        """A content hash of the whole request and the backend's identity (the cache key)."""
+        blob = json.dumps({"backend": backend_identity, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    """What came back.
+
+    status: one of RESPONSE_STATUSES; text is meaningful only when ok (or truncated).
+    token_logprobs: per generated token, {token: logprob} of its top alternatives (None if absent).
+    """
+
+    status: str
+    text: str = ""
+    finish_reason: str | None = None
+    token_logprobs: tuple[dict[str, float], ...] | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    latency: float = 0.0
+    cached: bool = False
+    error: str = ""
+    attempts: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the cache."""
+        data = asdict(self)
+        data["token_logprobs"] = list(self.token_logprobs) if self.token_logprobs is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ChatResponse":
+        """Inverse of to_json."""
+        logprobs = data.get("token_logprobs")
+        return cls(**{**data, "token_logprobs": tuple(logprobs) if logprobs is not None else None})
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """Answers chat requests. `identity` names the model and endpoint (cache keys, calibrator binding)."""
+
+    identity: str
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        """One request, one response; never raises for endpoint failures (see ChatResponse.status)."""
+        ...

@@ -1,0 +1,58 @@
+"""`marl serve`: a local model behind a real OpenAI-compatible HTTP server, called with the openai client."""
+
+import math
+import threading
+
+import pytest
+
+
+@pytest.fixture
+def served(micro_policy, tmp_path):
+    from trainers.serve import make_http_server
+
+    model, tokenizer = micro_policy(seed=3)
+    model.save_pretrained(tmp_path / "micro")
+    tokenizer.save_pretrained(tmp_path / "micro")
+    httpd = make_http_server(tmp_path / "micro", port=0, name="micro")
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_models_and_greedy_chat_completion_with_logprobs(served):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served, api_key="EMPTY", max_retries=0, timeout=30)
+    assert [m.id for m in client.models.list().data] == ["micro"]
+    ask = dict(model="micro", messages=[{"role": "user", "content": "12+35="}], max_tokens=5, temperature=0,
+               logprobs=True, top_logprobs=3)
+    first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+    assert first.choices[0].message.content == again.choices[0].message.content  # greedy is deterministic
+    content = first.choices[0].logprobs.content
+    assert 1 <= len(content) <= 5 and first.usage.prompt_tokens == 6
+    for token in content:
+        alternatives = [t.logprob for t in token.top_logprobs]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+        assert token.logprob == pytest.approx(alternatives[0])  # greedy takes the most likely token
+        assert sum(math.exp(v) for v in alternatives) <= 1 + 1e-6
+
+
+def test_unknown_model_and_bad_request_are_openai_errors(served):
+    import openai
+
+    client = openai.OpenAI(base_url=served, api_key="EMPTY", max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "1="}])
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model="micro", messages=[])
+
+
+def test_sampling_with_a_seed_is_reproducible(served):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served, api_key="EMPTY", max_retries=0, timeout=30)
+    ask = dict(model="micro", messages=[{"role": "user", "content": "3+4="}], max_tokens=6, temperature=1.0, seed=11)
+    texts = {client.chat.completions.create(**ask).choices[0].message.content for _ in range(3)}
+    assert len(texts) == 1
