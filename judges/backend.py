@@ -10,12 +10,16 @@ Judgments (masked downstream, never scored 0).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import threading
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 RESPONSE_STATUSES = ("ok", "api_error", "timeout", "truncated", "refusal")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,41 @@ class ChatBackend(Protocol):
     async def complete(self, request: ChatRequest) -> ChatResponse:
         """One request, one response; never raises for endpoint failures (see ChatResponse.status)."""
         ...
+
+
+# -- running coroutines from sync code --------------------------------------------------------------------
+_background_lock = threading.Lock()
+_background_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _shared_loop() -> asyncio.AbstractEventLoop:
+    """The background event loop used by run_sync (started on first use, a daemon thread)."""
+    global _background_loop
+    with _background_lock:
+        if _background_loop is None or _background_loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="judges-run-sync", daemon=True).start()
+            _background_loop = loop
+        return _background_loop
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to completion from synchronous code and return its result.
+
+    Every call runs on the same background event loop, so a backend (and its HTTP connection pool)
+    can be used across many calls. Do not call it from a coroutine running on that loop.
+    """
+    loop = _shared_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coroutine.close()
+        raise RuntimeError("run_sync was called from its own event loop; await the coroutine instead")
+    future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise

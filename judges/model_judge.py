@@ -24,20 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from judges.backend import ChatBackend, ChatRequest, ChatResponse
+from judges.backend import ChatBackend, ChatRequest, ChatResponse, run_sync
 from judges.prompts import (DEFAULT_RUBRIC, LISTWISE_SYSTEM, PAIRWISE_SYSTEM, POINTWISE_SYSTEM, listwise_messages,
                             pairwise_messages, parse_pairwise, parse_ranking, parse_rating, pointwise_messages,
                             template_hash)
 from judges.types import Candidate, Item, Judgment, failed
-
-
-def run_sync(coroutine):
-    """Run a coroutine from synchronous code (not from inside a running event loop: await it there)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    raise RuntimeError("called a judge's sync score() inside a running event loop; use `await judge.ascore(...)`")
 
 
 class ModelJudge:
