@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -68,6 +69,14 @@ def _slot1_picks(pair) -> tuple[float, float]:
 
 async def _compare_all(judge, pairs: list[tuple[Item, str, str]]):
     return await asyncio.gather(*(judge.compare(item, Candidate(a), Candidate(b)) for item, a, b in pairs))
+
+
+def _guarded(estimator, *args) -> dict:
+    """An estimator's section, or a note saying why there was nothing to estimate (e.g. every verdict failed)."""
+    try:
+        return estimator(*args)
+    except (ValueError, ZeroDivisionError, np.linalg.LinAlgError) as error:
+        return {"note": f"not estimated: {error}"}
 
 
 def _estimate_dict(estimate) -> dict:
@@ -143,21 +152,35 @@ def _gold(items: list[ReportItem], pairs) -> dict | None:
     half = len(rows) // 2
     calibrated = np.empty_like(p_first)
     for fit_part, apply_part in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
-        calibrator = PlattCalibrator().fit(p_first[fit_part], gold_first[fit_part], judge_id="report")
+        with warnings.catch_warnings():  # a near-perfect judge separates the gold labels: that is fine here
+            warnings.filterwarnings("ignore", message="logistic_fit did not converge")
+            calibrator = PlattCalibrator().fit(p_first[fit_part], gold_first[fit_part], judge_id="report")
         calibrated[apply_part] = calibrator.apply(p_first[apply_part], judge_id="report")
     return {"n": len(rows), "accuracy": _estimate_dict(stats["accuracy"]), "cohen_kappa": _estimate_dict(stats["cohen"]),
             "ece_raw": expected_calibration_error(p_first, gold_first),
             "ece_calibrated": expected_calibration_error(calibrated, gold_first)}
 
 
+def _evidence(value) -> float | None:
+    """The smallest bias the data support: 0 when the CI contains 0, else the CI bound nearest 0."""
+    if not isinstance(value, dict) or value.get("estimate") is None:
+        return value if isinstance(value, float) and not math.isnan(value) else None
+    low, high = value["ci_low"], value["ci_high"]
+    return 0.0 if low <= 0 <= high else min(abs(low), abs(high))
+
+
 def grade(report: dict, thresholds: dict = THRESHOLDS) -> dict[str, str]:
-    """pass / warn / fail per graded quantity present in the report."""
+    """pass / warn / fail per graded quantity present in the report.
+
+    A quantity is graded on the smallest value its 95% CI supports (0 when the CI contains 0), so a
+    judge is only marked warn or fail when the data show the bias beyond the threshold; a wide CI
+    from few items reads as pass, and the estimate and CI in the report say how sure that is.
+    """
     verdicts = {}
     for key, (ok, warn) in thresholds.items():
         section, name = key.split(".")
-        value = (report.get(section) or {}).get(name)
-        value = value.get("estimate") if isinstance(value, dict) else value
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        value = _evidence((report.get(section) or {}).get(name))
+        if value is None:
             continue
         verdicts[key] = "pass" if abs(value) <= ok else "warn" if abs(value) <= warn else "fail"
     return verdicts
@@ -179,10 +202,10 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
     results = dict(zip(kinds, judged))
     report: dict = {"judge": getattr(judge, "identity", str(judge)), "n_items": len(items)}
     if position_pairs:
-        report["position"] = _position(position_pairs)
+        report["position"] = _guarded(_position, position_pairs)
     if results.get("padding"):
-        report["length"] = _length(by_kind["padding"], results["padding"])
-    slope = report["length"]["slope"]["estimate"] if "length" in report else 0.0
+        report["length"] = _guarded(_length, by_kind["padding"], results["padding"])
+    slope = report.get("length", {}).get("slope", {}).get("estimate", 0.0)
     for kind, section in EFFECT_PROBES.items():
         if results.get(kind):
             report[section] = _effect(by_kind[kind], results[kind], slope)
@@ -221,7 +244,11 @@ def report_markdown(report: dict) -> str:
         section, name = key.split(".")
         if section in report and name in report[section]:
             lines.append(f"| {key} | {fmt(report[section][name])} | {report['verdicts'].get(key, '-')} |")
-    if "position" in report:
+    notes = [f"{section}: {report[section]['note']}" for section in report
+             if isinstance(report[section], dict) and "note" in report[section]]
+    if notes:
+        lines += ["", "Not estimated:"] + [f"- {note}" for note in notes]
+    if "flip_rate" in report.get("position", {}):
         lines += ["", f"flip rate {report['position']['flip_rate']:.3f} (not a bias measure), first-slot rate "
                       f"{report['position']['first_slot_rate']:.3f}"]
     if "gold" in report:

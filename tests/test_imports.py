@@ -31,3 +31,14 @@ def test_judges_import_neither_marl_nor_trainers():
 def test_the_check_detects_a_heavy_import():
     loaded = _modules_after_import("import trainers.grpo")
     assert "torch" in loaded
+
+
+def test_only_the_judge_backend_imports_openai():
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"^\s*(import openai|from openai\b)", re.M)
+    importers = sorted(str(p.relative_to(root)) for package in ("marl", "judges", "trainers")
+                       for p in (root / package).rglob("*.py") if pattern.search(p.read_text()))
+    assert importers == ["judges/openai_backend.py"]

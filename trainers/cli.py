@@ -4,6 +4,7 @@
     marl validate FILE... [--set key=value ...]
     marl rollout FILE [--policy expert|null|random|module:function] [--episodes N]
     marl serve MODEL_DIR [--port N]
+    marl judges report|calibrate --base-url URL --model NAME --items FILE.jsonl --out FILE
 
 Errors are printed as one clear line (what is wrong and how to fix it) with exit status 2, never a
 traceback. Ctrl-C writes a checkpoint and exits with status 130.
@@ -130,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
     serve.set_defaults(handler=_serve)
+
+    from trainers.cli_judges import add_judges_parser
+
+    add_judges_parser(commands)
     return parser
 
 

@@ -1,0 +1,222 @@
+"""`marl judges report` and `marl judges calibrate`: probe a judge endpoint, fit a calibrator.
+
+Items file (JSONL), one object per line:
+    {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], "gold": 0}
+`gold` (optional) is the index of the better candidate, or a score in [0, 1] of the first one.
+A gold file (`--gold`) may instead give {"id": "q1", "gold": 0} lines.
+
+These commands need no torch. Every bad input is one line on stderr and exit status 2; responses
+already received stay in the on-disk cache, so a rerun does not pay for them again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+
+class JudgeCliError(Exception):
+    """A user-facing problem: printed as one line, exit status 2."""
+
+
+def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
+    """ReportItems from a JSONL file (and an optional gold file), with FILE:LINE errors."""
+    from judges.report import ReportItem
+
+    items, golds = [], _read_gold(gold_path) if gold_path else {}
+    for number, line in _lines(path):
+        data = _json_line(path, number, line)
+        candidates = data.get("candidates")
+        if not isinstance(data.get("prompt"), str) or not isinstance(candidates, list) or not candidates \
+                or not all(isinstance(c, str) for c in candidates):
+            raise JudgeCliError(f"{path}:{number}: each line needs 'prompt' (a string) and 'candidates' "
+                                "(a non-empty list of strings)")
+        item_id = str(data.get("id", number))
+        gold = golds.get(item_id, data.get("gold"))
+        if gold is not None and not (isinstance(gold, int | float) and not isinstance(gold, bool)):
+            raise JudgeCliError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
+        items.append(ReportItem(id=item_id, prompt=data["prompt"], candidates=tuple(candidates), gold=gold))
+    if not items:
+        raise JudgeCliError(f"{path}: no items (expected one JSON object per line)")
+    return items
+
+
+def _lines(path):
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise JudgeCliError(f"cannot read {path}: {error.strerror or error}") from None
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def _json_line(path, number, line) -> dict:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise JudgeCliError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(data, dict):
+        raise JudgeCliError(f"{path}:{number}: expected a JSON object")
+    return data
+
+
+def _read_gold(path) -> dict:
+    golds = {}
+    for number, line in _lines(path):
+        data = _json_line(path, number, line)
+        if "id" not in data or "gold" not in data:
+            raise JudgeCliError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
+        golds[str(data["id"])] = data["gold"]
+    return golds
+
+
+def build_judge(args, items):
+    """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache."""
+    from judges.cache import JudgeCache
+    from judges.model_judge import PairwiseJudge
+    from judges.openai_backend import OpenAIBackend
+
+    if args.simulated:
+        from judges.simulated import SimulatedClient
+
+        best = [i.candidates[i.gold] for i in items if isinstance(i.gold, int) and 0 <= i.gold < len(i.candidates)]
+        client = SimulatedClient(lambda text: 1.0 if any(b in text for b in best) else 0.0, sharpness=4.0,
+                                 **dict(_bias(kv) for kv in args.sim_bias))
+    elif not args.base_url:
+        raise JudgeCliError("--base-url is required (or --simulated for the built-in simulated judge)")
+    else:
+        client = None
+    cache_path = Path(args.cache).expanduser()
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                            max_concurrency=args.concurrency, timeout_s=args.timeout, max_retries=args.retries,
+                            cache=JudgeCache(cache_path))
+    return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+
+
+def _bias(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise JudgeCliError(f"--sim-bias {text!r}: expected NAME=NUMBER, e.g. position=0.6") from None
+
+
+def _preflight(judge, item) -> None:
+    """Judge one pair first, so an unreachable endpoint or a wrong model fails fast with its cause."""
+    from judges.backend import run_sync
+    from judges.types import Candidate, Item
+
+    second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
+    pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
+    if pair.p_a is None and pair.status in ("api_error", "timeout"):
+        raise JudgeCliError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
+
+
+def report_command(args) -> int:
+    """Run the probes and write the JSON (and markdown) report."""
+    from judges.report import report_markdown, run_bias_report
+
+    try:
+        items = read_items(args.items, args.gold)
+        judge = build_judge(args, items)
+        _preflight(judge, items[0])
+        report = run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
+                                 judge_name=args.judge_name or args.model)
+    except JudgeCliError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(report, indent=2, default=_plain))
+    if args.markdown:
+        Path(args.markdown).write_text(report_markdown(report))
+    failing = [key for key, verdict in report["verdicts"].items() if verdict == "fail"]
+    summary = f"wrote {args.out}: {report['n_calls']} calls, {report['n_failed']} failed pairs; "
+    if not report["verdicts"]:
+        print(summary + "nothing could be graded (every judgment failed or was unparseable; see the report's notes)")
+        return 1
+    print(summary + (f"FAIL: {', '.join(failing)}" if failing else "no failing threshold"))
+    return 1 if failing and args.strict else 0
+
+
+def calibrate_command(args) -> int:
+    """Judge gold-labelled pairs and fit a Platt or isotonic calibrator bound to this judge."""
+    import warnings
+
+    import numpy as np
+
+    from judges.backend import run_sync
+    from judges.calibration import IsotonicCalibrator, PlattCalibrator
+    from judges.stats_inference import expected_calibration_error
+    from judges.types import Candidate, Item
+
+    try:
+        items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
+        if len(items) < 10:
+            raise JudgeCliError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
+                                f"got {len(items)}")
+        judge = build_judge(args, items)
+        _preflight(judge, items[0])
+    except JudgeCliError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    pairs = run_sync(_compare_items(judge, items, Item, Candidate))
+    rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
+            for i, p in zip(items, pairs) if p.p_a is not None]
+    scores, gold = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    with warnings.catch_warnings():  # a near-perfect judge separates the gold labels
+        warnings.filterwarnings("ignore", message="logistic_fit did not converge")
+        calibrator = (PlattCalibrator() if args.method == "platt" else IsotonicCalibrator()).fit(
+            np.clip(scores, 1e-4, 1 - 1e-4), gold, judge_id=judge.identity)
+    calibrator.save(args.out)
+    after = calibrator.apply(np.clip(scores, 1e-4, 1 - 1e-4), judge_id=judge.identity)
+    print(f"wrote {args.out}: {args.method} on {len(rows)} gold pairs ({len(items) - len(rows)} failed); "
+          f"ECE {expected_calibration_error(scores, gold):.3f} raw -> {expected_calibration_error(after, gold):.3f} "
+          "(in-sample)")
+    return 0
+
+
+async def _compare_items(judge, items, Item, Candidate):
+    import asyncio
+
+    return await asyncio.gather(*(judge.compare(Item(prompt=i.prompt), Candidate(i.candidates[0]),
+                                                Candidate(i.candidates[1])) for i in items))
+
+
+def _plain(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def add_judges_parser(commands) -> None:
+    """The `marl judges ...` sub-commands."""
+    judges = commands.add_parser("judges", help="probe and calibrate model judges")
+    sub = judges.add_subparsers(dest="judges_command", required=True)
+    for name, handler, help_text in (("report", report_command, "run the bias probes and write a report"),
+                                     ("calibrate", calibrate_command, "fit a calibrator on gold-labelled pairs")):
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+        parser.add_argument("--model", default="sim", help="model name the endpoint serves")
+        parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
+        parser.add_argument("--items", required=True, help="JSONL items file (see `marl judges report --help`)")
+        parser.add_argument("--gold", help="optional JSONL of {id, gold} lines")
+        parser.add_argument("--out", required=True, help="report JSON / calibrator JSON to write")
+        parser.add_argument("--cache", default="~/.cache/marl/judges.sqlite", help="response cache (SQLite)")
+        parser.add_argument("--concurrency", type=int, default=8)
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+        parser.add_argument("--retries", type=int, default=4)
+        parser.add_argument("--max-tokens", type=int, default=512)
+        parser.add_argument("--no-logprobs", action="store_true", help="for endpoints that reject logprobs")
+        parser.add_argument("--simulated", action="store_true", help="use the built-in simulated judge")
+        parser.add_argument("--sim-bias", action="append", default=[], metavar="NAME=VALUE",
+                            help="simulated judge bias, e.g. position=0.6 or master_key=4 (repeatable)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.set_defaults(handler=handler)
+        if name == "report":
+            parser.add_argument("--markdown", help="also write a markdown summary here")
+            parser.add_argument("--per-kind", type=int, default=100, help="probes per kind")
+            parser.add_argument("--judge-name", help="name used by the self-attribution probe (default --model)")
+            parser.add_argument("--strict", action="store_true", help="exit 1 when a threshold fails")
+        else:
+            parser.add_argument("--method", choices=("platt", "isotonic"), default="platt")
