@@ -78,7 +78,8 @@ class ScenarioEnv(ParallelEnv):
         self._observation_spaces = {a: text_space(spec.observation_max_chars) for a in self.possible_agents}
         self._action_spaces = {a: text_space(spec.action_max_chars) for a in self.possible_agents}
         self.tools = _agent_tool_registries(scenario)
-        self.scorer = EpisodeScorer(spec, lambda s: build_scorer(s.kind, s.params(), scenario.base_dir))
+        judges = {judge.name: judge for judge in spec.judges}
+        self.scorer = EpisodeScorer(spec, lambda s: _build_scorer(s, judges, scenario.base_dir, build_scorer))
         self._rng = random.Random(0)
         self.task: Task | None = None
 
@@ -220,6 +221,15 @@ class _Namespace:
 
     def __getattr__(self, name: str):
         return str(self._values.get(name, ""))
+
+
+def _build_scorer(scorer_spec, judges: dict, base_dir, build_rule):
+    """A rule verifier, or the model judge named by the scorer's kind (from the scenario's `judges`)."""
+    if scorer_spec.kind in judges:
+        from judges.factory import build_judge
+
+        return build_judge(judges[scorer_spec.kind].model_dump(), base_dir)
+    return build_rule(scorer_spec.kind, scorer_spec.params(), base_dir)
 
 
 def _agent_tool_registries(scenario: Scenario) -> dict:

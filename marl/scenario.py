@@ -266,6 +266,7 @@ def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
             if scorer.agent is not None and scorer.agent not in names:
                 problems.append((path + ("agent",), f"unknown agent {scorer.agent!r} (known: {', '.join(names)})"))
             if scorer.kind in judge_names:
+                problems += _judge_use_problems(scenario, scorer, path)
                 continue
             if scorer.kind not in KNOWN_KINDS:
                 problems.append((path + ("kind",), f"unknown scorer kind {scorer.kind!r} (rule kinds: "
@@ -275,6 +276,22 @@ def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
                 build_scorer(scorer.kind, scorer.params(), scenario.base_dir)
             except (ValueError, TypeError) as error:
                 problems.append((path, f"{scorer.kind}: {error}"))
+    return problems
+
+
+def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[tuple, str]]:
+    judge = next(j for j in scenario.spec.judges if j.name == scorer.kind)
+    index = scenario.spec.judges.index(judge)
+    problems = []
+    if scorer.params():
+        problems.append((path, f"a judge scorer takes no parameters (got {sorted(scorer.params())}); "
+                               f"configure judge {judge.name!r} under `judges`"))
+    if judge.mode != "pointwise":
+        problems.append((("judges", index, "mode"), f"judge {judge.name!r} scores a reward layer, which needs mode "
+                                                    "'pointwise' (pairwise and listwise compare candidates)"))
+    if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():
+        problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} not found next to the "
+                                                           "scenario (fit one with `marl judges calibrate`)"))
     return problems
 
 
