@@ -56,3 +56,20 @@ def test_sampling_with_a_seed_is_reproducible(served):
     ask = dict(model="micro", messages=[{"role": "user", "content": "3+4="}], max_tokens=6, temperature=1.0, seed=11)
     texts = {client.chat.completions.create(**ask).choices[0].message.content for _ in range(3)}
     assert len(texts) == 1
+
+
+def test_a_local_model_is_a_judge_backend_whose_unparseable_verdicts_are_never_scores(micro_policy, tmp_path):
+    from judges.local_backend import LocalBackend
+    from judges.model_judge import PointwiseJudge
+    from judges.types import Candidate, Item
+
+    model, tokenizer = micro_policy(seed=3)
+    model.save_pretrained(tmp_path / "micro")
+    tokenizer.save_pretrained(tmp_path / "micro")
+    backend = LocalBackend(tmp_path / "micro")
+    judge = PointwiseJudge(backend, max_tokens=6)
+    judgments = judge.score(Item(prompt="1+1="), [Candidate("2"), Candidate("3")])
+    # an untrained micro model rambles to max_tokens (truncated) or stops early without "[[N]]" (parse_error)
+    assert all(j.status in ("truncated", "parse_error") for j in judgments)
+    assert all(j.score is None for j in judgments)
+    assert backend.identity.startswith("local:micro@")
