@@ -208,7 +208,13 @@ class ListwiseJudge(ModelJudge):
 
 
 class Panel:
-    """Several judges scoring the same candidates; the mean of the ok scores per candidate."""
+    """Several judges scoring the same candidates.
+
+    `score` gives the mean of the ok scores per candidate. `score_batch` over many items can instead
+    aggregate with Dawid-Skene: each judge's verdict (score > 0.5) is a noisy label, the EM fit learns
+    every judge's sensitivity and specificity without gold, and the score is the posterior P(good),
+    so a reliable judge counts for more than an erratic one. Failed verdicts are missing labels.
+    """
 
     kind = "panel"
 
@@ -216,6 +222,7 @@ class Panel:
         if not judges:
             raise ValueError("a panel needs at least one judge")
         self.judges, self.name = list(judges), name
+        self.last_fit = None
 
     @property
     def identity(self) -> str:
@@ -235,4 +242,29 @@ class Panel:
                 continue
             results.append(Judgment("ok", sum(scores) / len(scores),
                                     details={"judges": len(verdicts), "ok": len(scores)}))
+        return results
+
+    def score_batch(self, batch: Sequence[tuple[Item, Sequence[Candidate]]],
+                    aggregate: str = "dawid_skene") -> list[list[Judgment]]:
+        """Judgments for many (item, candidates); `aggregate` is 'mean' or 'dawid_skene'."""
+        if aggregate not in ("mean", "dawid_skene"):
+            raise ValueError(f"aggregate={aggregate!r} must be 'mean' or 'dawid_skene'")
+        if aggregate == "mean" or len(self.judges) < 2:
+            return [self.score(item, candidates) for item, candidates in batch]
+        import numpy as np
+
+        from judges.stats_inference import dawid_skene
+
+        per_judge = [[judge.score(item, candidates) for item, candidates in batch] for judge in self.judges]
+        units = [(b, c) for b, (_, candidates) in enumerate(batch) for c in range(len(candidates))]
+        labels = np.array([[float(per_judge[j][b][c].score > 0.5) if per_judge[j][b][c].ok else np.nan
+                            for j in range(len(self.judges))] for b, c in units])
+        rated = ~np.all(np.isnan(labels), axis=1)
+        fit = dawid_skene(labels[rated]) if rated.any() else None
+        self.last_fit = fit
+        posterior = iter(fit.posterior if fit is not None else ())
+        results = [[None] * len(candidates) for _, candidates in batch]
+        for (b, c), has_label in zip(units, rated):
+            results[b][c] = Judgment("ok", float(next(posterior)), details={"aggregate": "dawid_skene"}) \
+                if has_label else failed(per_judge[0][b][c].status, "every judge of the panel failed")
         return results

@@ -121,3 +121,24 @@ def test_identity_changes_with_the_rubric_and_settings():
     backend = ScriptedBackend(lambda r: ChatResponse("ok", "[[A]]"))
     assert PairwiseJudge(backend).identity != PairwiseJudge(backend, rubric="Be strict.").identity
     assert PairwiseJudge(backend).identity != PairwiseJudge(backend, temperature=0.7).identity
+
+
+def test_panel_dawid_skene_trusts_reliable_judges_over_erratic_ones():
+    import random
+
+    truth = {f"answer {i}": i % 2 for i in range(200)}
+
+    def judge_with(accuracy, seed):
+        rng = random.Random(seed)
+        decided = {text: (label if rng.random() < accuracy else 1 - label) for text, label in truth.items()}
+        return PointwiseJudge(ScriptedBackend(lambda r: ChatResponse(
+            "ok", f"Rating: [[{10 if decided[_answers(r)[0]] else 1}]]")), logprobs=False)
+
+    panel = Panel([judge_with(0.95, 1), judge_with(0.9, 2), judge_with(0.55, 3), judge_with(0.55, 4),
+                   judge_with(0.55, 5)])
+    batch = [(ITEM, [Candidate(text)]) for text in truth]
+    def accuracy(results):
+        return sum((r[0].score > 0.5) == bool(truth[c[0].text]) for r, (_, c) in zip(results, batch)) / len(batch)
+    ds, mean = accuracy(panel.score_batch(batch)), accuracy(panel.score_batch(batch, aggregate="mean"))
+    assert ds >= 0.9 and ds >= mean + 0.04  # measured 0.92 vs 0.86
+    assert panel.last_fit.sensitivity[0] > panel.last_fit.sensitivity[2]
