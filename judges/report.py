@@ -5,9 +5,10 @@
     Path("report.md").write_text(report_markdown(report))
 
 What is measured (every estimate is {estimate, ci_low, ci_high}):
-- position: the both-orders estimator 1/2 ln(n11/n00) on the items' own candidate pairs, in logits
-  (`log_odds`), the flip rate (NOT the bias: a T>0 judge flips close pairs with no bias at all) and
-  the first-slot rate;
+- position: the both-orders estimator 1/2 ln(n11/n00), in logits (`log_odds`), over every pair judged
+  in both orders (the items' own pairs and all probes: under a logit-additive judge the ratio holds
+  whatever the pair), the flip rate (NOT the bias: a T>0 judge flips close pairs with no bias at all)
+  and the first-slot rate;
 - length: the slope of P(padded preferred) on the log-length ratio from padding probes, position
   held out by the both-orders design;
 - format / authority / self_preference: the logit effect of markdown, a fake citation and a claim of
@@ -201,8 +202,9 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
                                     for kind in kinds))
     results = dict(zip(kinds, judged))
     report: dict = {"judge": getattr(judge, "identity", str(judge)), "n_items": len(items)}
-    if position_pairs:
-        report["position"] = _guarded(_position, position_pairs)
+    every_pair = list(position_pairs) + [p for pairs in judged for p in pairs]
+    if every_pair:  # P(slot 1 twice) / P(slot 2 twice) = exp(2p) for any pair, so every both-order pair counts
+        report["position"] = _guarded(_position, every_pair)
     if results.get("padding"):
         report["length"] = _guarded(_length, by_kind["padding"], results["padding"])
     slope = report.get("length", {}).get("slope", {}).get("estimate", 0.0)
@@ -216,7 +218,6 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
     gold = _gold([i for _, i in paired], position_pairs) if paired else None
     if gold is not None:
         report["gold"] = gold
-    every_pair = list(position_pairs) + [p for pairs in judged for p in pairs]
     report["n_failed"] = sum(p.p_a is None for p in every_pair)
     report["n_calls"] = sum(2 if judge.orders == "both" else 1 for _ in every_pair)
     report["verdicts"] = grade(report)
