@@ -15,8 +15,9 @@ What is measured (every estimate is {estimate, ci_low, ci_high}):
   the judge's own authorship (probes with the same content), net of the measured length slope;
 - master_key / null_answer / injection: how often a contentless "master key", an empty answer or an
   instruction to the judge beats a real answer (Clopper-Pearson CIs);
-- gold (when items carry `gold`, the index of the better candidate): accuracy and Cohen's kappa with
-  bootstrap CIs, and ECE of P(better) before and after Platt calibration (cross-fitted halves).
+- gold (when items carry `gold`, the index of the better candidate): accuracy, Cohen's kappa and
+  Krippendorff's alpha of the verdicts, Spearman and Kendall of P(better) against gold, each with a
+  bootstrap CI, and ECE of P(better) before and after Platt calibration (cross-fitted halves).
 Each graded quantity gets pass / warn / fail from `THRESHOLDS`.
 """
 
@@ -149,7 +150,11 @@ def _gold(items: list[ReportItem], pairs) -> dict | None:
         return None
     gold_first = np.array([1.0 if g == 0 else 0.0 for g, _ in rows])
     p_first = np.clip(np.array([p for _, p in rows]), 1e-4, 1 - 1e-4)
-    stats = agreement((p_first > 0.5).astype(int), gold_first.astype(int), metrics=("accuracy", "cohen"))
+    stats = agreement((p_first > 0.5).astype(int), gold_first.astype(int),
+                      metrics=("accuracy", "cohen", "alpha_nominal"))
+    with warnings.catch_warnings():  # a rank correlation is undefined (NaN) when one side is constant
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ranks = agreement(p_first, gold_first, metrics=("spearman", "kendall"))
     half = len(rows) // 2
     calibrated = np.empty_like(p_first)
     for fit_part, apply_part in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
@@ -158,6 +163,8 @@ def _gold(items: list[ReportItem], pairs) -> dict | None:
             calibrator = PlattCalibrator().fit(p_first[fit_part], gold_first[fit_part], judge_id="report")
         calibrated[apply_part] = calibrator.apply(p_first[apply_part], judge_id="report")
     return {"n": len(rows), "accuracy": _estimate_dict(stats["accuracy"]), "cohen_kappa": _estimate_dict(stats["cohen"]),
+            "krippendorff_alpha": _estimate_dict(stats["alpha_nominal"]),
+            "spearman": _estimate_dict(ranks["spearman"]), "kendall": _estimate_dict(ranks["kendall"]),
             "ece_raw": expected_calibration_error(p_first, gold_first),
             "ece_calibrated": expected_calibration_error(calibrated, gold_first)}
 
