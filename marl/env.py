@@ -82,6 +82,7 @@ class ScenarioEnv(ParallelEnv):
         self.scorer = EpisodeScorer(spec, lambda s: _build_scorer(s, judges, scenario.base_dir, build_scorer))
         self._rng = random.Random(0)
         self.task: Task | None = None
+        self.absent: frozenset = frozenset()
 
     def observation_space(self, agent):
         return self._observation_spaces[agent]
@@ -92,10 +93,16 @@ class ScenarioEnv(ParallelEnv):
     # -- the episode ------------------------------------------------------------------------------
 
     def reset(self, seed: int | None = None, options: dict | None = None):
-        """Start an episode on `options["task"]` (a Task, an id or an index) or on a task drawn with `seed`."""
+        """Start an episode on `options["task"]` (a Task, an id or an index) or on a task drawn with `seed`.
+
+        `options["absent"]`: agents that skip their turns this episode (nothing of theirs is heard or
+        recorded): the `skip_turn` counterfactual of credit assignment.
+        """
         if seed is not None:
             self._rng = random.Random(seed)
-        self.task = self._pick_task((options or {}).get("task"))
+        options = options or {}
+        self.task = self._pick_task(options.get("task"))
+        self.absent = frozenset(options.get("absent", ()))
         self.agents = list(self.possible_agents)
         self.turn_index, self.steps = 0, 0
         self.transcript: list[dict] = []
@@ -110,7 +117,8 @@ class ScenarioEnv(ParallelEnv):
         if not self.agents:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         for agent in self.turns[self.turn_index]:
-            self._hear(agent, actions.get(agent))
+            if agent not in self.absent:
+                self._hear(agent, actions.get(agent))
         self.turn_index, self.steps = self.turn_index + 1, self.steps + 1
         ended_early = bool(self._end_on and self.transcript and self._end_on.fullmatch(self.transcript[-1]["text"]))
         terminated = self.turn_index >= len(self.turns) or ended_early
@@ -128,7 +136,9 @@ class ScenarioEnv(ParallelEnv):
 
     def acting_agents(self) -> tuple[str, ...]:
         """The agents whose actions the next step will hear (empty once the episode is over)."""
-        return self.turns[self.turn_index] if self.agents and self.turn_index < len(self.turns) else ()
+        if not self.agents or self.turn_index >= len(self.turns):
+            return ()
+        return tuple(agent for agent in self.turns[self.turn_index] if agent not in self.absent)
 
     def _pick_task(self, chosen) -> Task:
         if isinstance(chosen, Task):

@@ -150,6 +150,8 @@ class CreditSpec(Strict):
     budget: int | None = Field(None, ge=1, description="coalition evaluations per episode")
     absent: Literal["skip_turn", "null_message", "default_policy", "resample", "replay", "mask"] = "null_message"
     unions: dict[str, list[str]] | None = Field(None, description="Owen value: a priori unions of agents")
+    default_policy: str | None = Field(None, description="absent=default_policy: 'module:function' speaking for "
+                                                         "absent agents")
     rollouts: int = Field(1, ge=1, description="rollouts per coalition")
     seed: int = 0
 

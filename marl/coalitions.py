@@ -1,0 +1,114 @@
+"""Coalition values of a scenario: what the team earns when only some agents take part.
+
+`ScenarioCoalitionValue(env, policy, task, absent=..., rollouts=R)` is a function v(S) -> float for
+the credit estimators in `marl.credit`: the team reward averaged over R seeded episodes of `task`
+in which the agents outside S are absent. Seeds are shared by every coalition (common random
+numbers), and each (coalition, seed) episode is played once and cached.
+
+What "absent" means is a choice (the scenario's `credit.absent`):
+
+    null_message    the absent agent's turns produce an empty message (others see it said nothing)
+    skip_turn       the absent agent's turns are skipped: nothing of it is heard or recorded
+    default_policy  a stand-in policy (`credit.default_policy`, 'module:function') speaks for it
+    resample        the agent's own policy is sampled again with another seed (the policy must
+                    accept a `seed=` keyword; deterministic scripted policies cannot be resampled)
+    replay          replay of the full-team episode: messages before the first absent turn are kept,
+                    the absent agent says nothing, and present agents regenerate everything after it
+    mask            no re-run at all: the full-team transcript with the absent agents' messages (and
+                    their tool calls) blanked, scored again
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import statistics
+
+from marl.types import Task
+
+ABSENT_POLICIES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
+
+
+class ScenarioCoalitionValue:
+    """v(S): the cooperative team reward of `task` with only the agents in S present (see module doc)."""
+
+    def __init__(self, env, policy, task: Task, *, absent: str = "null_message", rollouts: int = 1, seed: int = 0,
+                 default_policy=None):
+        if absent not in ABSENT_POLICIES:
+            raise ValueError(f"absent={absent!r} is not one of {', '.join(ABSENT_POLICIES)}")
+        if env.scenario.spec.mode != "cooperative":
+            raise ValueError(f"credit splits a team reward; scenario {env.scenario.spec.name!r} is "
+                             f"{env.scenario.spec.mode} (zero-sum rewards are already per agent)")
+        if absent == "default_policy" and default_policy is None:
+            raise ValueError("absent='default_policy' needs a default policy (credit.default_policy: module:function)")
+        if absent == "resample" and "seed" not in inspect.signature(policy).parameters:
+            raise ValueError("absent='resample' needs a policy that accepts seed=...; a deterministic scripted "
+                             "policy would only repeat itself (use null_message or default_policy)")
+        self.env, self.policy, self.task, self.absent = env, policy, task, absent
+        self.default_policy = default_policy
+        self.players = tuple(env.possible_agents)
+        self.seeds = [seed + r for r in range(rollouts)]
+        self.returns: dict[tuple[frozenset, int], float] = {}
+        self.transcripts: dict[tuple[frozenset, int], tuple[list, list]] = {}
+
+    def __call__(self, coalition: frozenset) -> float:
+        """Mean team reward over the shared seeds (NaN if a judge failed on some episode)."""
+        return statistics.fmean(self.episode_return(frozenset(coalition), seed) for seed in self.seeds)
+
+    def episode_return(self, coalition: frozenset, seed: int) -> float:
+        """The team reward of one seeded episode with `coalition` present (cached)."""
+        key = (coalition, seed)
+        if key not in self.returns:
+            self.returns[key] = self._play(coalition, seed)
+        return self.returns[key]
+
+    # -- episodes ---------------------------------------------------------------------------------
+
+    def _play(self, coalition: frozenset, seed: int) -> float:
+        if self.absent == "mask" and coalition != frozenset(self.players):
+            return self._masked(coalition, seed)
+        reference = self._reference(seed) if self.absent == "replay" and coalition != frozenset(self.players) else None
+        skip = frozenset(self.players) - coalition if self.absent == "skip_turn" else frozenset()
+        observations, _ = self.env.reset(seed=seed, options={"task": self.task, "absent": skip})
+        rewards = {}
+        while self.env.agents:
+            acting = self.env.acting_agents()
+            actions = {agent: {"text": self._act(agent, observations[agent]["text"], coalition, seed, reference)
+                               if agent in acting else ""} for agent in self.env.agents}
+            observations, rewards, *_ = self.env.step(actions)
+        if coalition == frozenset(self.players):
+            self.transcripts[coalition, seed] = ([dict(t) for t in self.env.transcript], list(self.env.tool_log))
+        return _team_reward(rewards)
+
+    def _act(self, agent: str, observation: str, coalition: frozenset, seed: int, reference) -> str:
+        if agent in coalition:
+            if reference is not None:  # replay: keep the original message while history is unchanged
+                index = len(self.env.transcript)
+                if self.env.transcript == reference[:index] and index < len(reference) \
+                        and reference[index]["agent"] == agent:
+                    return reference[index]["text"]
+            return self.policy(agent, observation, self.task)
+        if self.absent == "default_policy":
+            return self.default_policy(agent, observation, self.task)
+        if self.absent == "resample":
+            return self.policy(agent, observation, self.task, seed=seed + 1_000_003)
+        return ""
+
+    def _reference(self, seed: int) -> list[dict]:
+        full = frozenset(self.players)
+        if (full, seed) not in self.transcripts:
+            self.returns[full, seed] = self._play(full, seed)
+        return [{k: t[k] for k in ("agent", "text", "turn")} for t in self.transcripts[full, seed][0]]
+
+    def _masked(self, coalition: frozenset, seed: int) -> float:
+        self._reference(seed)
+        transcript, tool_log = self.transcripts[frozenset(self.players), seed]
+        blanked = [{**t, "text": t["text"] if t["agent"] in coalition else ""} for t in transcript]
+        calls = [call for call in tool_log if call.agent in coalition]
+        rewards, _ = self.env.scorer.score_episode(self.task, blanked, calls, list(self.players))
+        return _team_reward(rewards)
+
+
+def _team_reward(rewards: dict[str, float]) -> float:
+    values = list(rewards.values())
+    return values[0] if values else math.nan
