@@ -1,0 +1,96 @@
+"""Coalition values from a scenario: every absent-agent policy, common random numbers, caching."""
+
+import pytest
+
+from marl.coalitions import ScenarioCoalitionValue
+from marl.env import make_env
+from marl.policies import get_policy
+
+ALL = frozenset({"left", "right", "final"})
+
+
+@pytest.fixture
+def relay():
+    env = make_env("relay")
+    return env, get_policy("expert", env.scenario), env.tasks[0]
+
+
+@pytest.mark.parametrize("absent", ["null_message", "skip_turn", "replay"])
+def test_relay_needs_every_agent(relay, absent):
+    env, expert, task = relay
+    v = ScenarioCoalitionValue(env, expert, task, absent=absent)
+    assert v(ALL) == 1.0
+    for missing in ALL:
+        assert v(ALL - {missing}) == 0.0
+    assert v(frozenset()) == 0.0
+
+
+def test_mask_credits_only_what_the_transcript_still_shows(relay):
+    env, expert, task = relay
+    v = ScenarioCoalitionValue(env, expert, task, absent="mask")
+    # no re-run: final's answer was already written, so blanking left or right changes nothing downstream
+    assert v(ALL - {"left"}) == v(ALL - {"right"}) == 1.0 and v(ALL - {"final"}) == 0.0
+
+
+def test_default_policy_stands_in_for_the_absent_agent(relay):
+    env, expert, task = relay
+    v = ScenarioCoalitionValue(env, expert, task, absent="default_policy", default_policy=expert)
+    assert v(frozenset({"final"})) == 1.0  # the stand-in is the expert itself: nobody is missed
+
+
+def test_episodes_are_cached_per_coalition_and_seed(relay):
+    env, expert, task = relay
+    calls = []
+
+    def counting(agent, observation, task_):
+        calls.append(agent)
+        return expert(agent, observation, task_)
+
+    v = ScenarioCoalitionValue(env, counting, task, rollouts=3)
+    v(ALL), v(ALL)
+    assert len(calls) == 3 * 3 and sorted(seed for _, seed in v.returns) == [0, 1, 2]
+
+
+def test_mask_replays_nothing(relay):
+    env, expert, task = relay
+    calls = []
+
+    def counting(agent, observation, task_):
+        calls.append(agent)
+        return expert(agent, observation, task_)
+
+    v = ScenarioCoalitionValue(env, counting, task, absent="mask")
+    v(frozenset({"left"})), v(frozenset({"right", "final"}))
+    assert len(calls) == 3  # only the full-team reference episode was played
+
+
+def test_replay_keeps_messages_before_the_first_absence(relay):
+    env, expert, task = relay
+    seen = []
+
+    def recording(agent, observation, task_):
+        seen.append(agent)
+        return expert(agent, observation, task_)
+
+    v = ScenarioCoalitionValue(env, recording, task, absent="replay")
+    v(ALL)
+    seen.clear()
+    v(frozenset({"left", "final"}))  # right is absent in the first turn, so only final regenerates
+    assert seen == ["final"]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(absent="vanish"), "not one of"),
+    (dict(absent="default_policy"), "needs a default policy"),
+    (dict(absent="resample"), "accepts seed"),
+])
+def test_bad_choices_are_explained(relay, kwargs, message):
+    env, expert, task = relay
+    with pytest.raises(ValueError, match=message):
+        ScenarioCoalitionValue(env, expert, task, **kwargs)
+
+
+def test_competitive_scenarios_have_no_team_reward_to_split():
+    env = make_env("debate")
+    with pytest.raises(ValueError, match="team reward"):
+        ScenarioCoalitionValue(env, get_policy("expert", env.scenario), env.tasks[0])
