@@ -112,3 +112,37 @@ class ScenarioCoalitionValue:
 def _team_reward(rewards: dict[str, float]) -> float:
     values = list(rewards.values())
     return values[0] if values else math.nan
+
+
+def episode_credit(env, policy, task: Task, credit=None, *, seed: int = 0):
+    """Per-agent credit for one task under the scenario's `credit` section (or the given CreditSpec).
+
+    Returns (CreditEstimate, the coalition value used). `team` copies the team reward to every agent;
+    the other methods split it from coalition values (Myerson over the scenario's visibility graph,
+    Owen over `credit.unions`).
+    """
+    from marl import credit as estimators
+    from marl.credit_exact import CreditEstimate
+
+    spec = credit if credit is not None else env.scenario.spec.credit
+    default = env.scenario.resolve(spec.default_policy) if spec.default_policy else None
+    value = ScenarioCoalitionValue(env, policy, task, absent=spec.absent, rollouts=spec.rollouts,
+                                   seed=seed + spec.seed, default_policy=default)
+    players, options = value.players, dict(budget=spec.budget, seed=spec.seed)
+    method = spec.estimator
+    if spec.method == "team":
+        team = value(frozenset(players))
+        return CreditEstimate({p: team for p in players}, {p: 0.0 for p in players}, 1, "team"), value
+    if spec.method == "shapley":
+        return estimators.shapley(value, players, method=method, **options), value
+    if spec.method == "banzhaf":
+        return estimators.banzhaf(value, players, method="exact" if method == "auto" else method, **options), value
+    if spec.method == "owen":
+        if not spec.unions:
+            raise ValueError("credit.method 'owen' needs credit.unions (union name -> agents)")
+        return estimators.owen(value, players, list(spec.unions.values()), **options), value
+    if spec.method == "myerson":
+        return estimators.myerson(value, env.visibility, **options), value
+    if spec.method == "difference":
+        return estimators.difference_rewards(value, players), value
+    return estimators.least_core(value, players), value

@@ -94,3 +94,31 @@ def test_competitive_scenarios_have_no_team_reward_to_split():
     env = make_env("debate")
     with pytest.raises(ValueError, match="team reward"):
         ScenarioCoalitionValue(env, get_policy("expert", env.scenario), env.tasks[0])
+
+
+def test_relay_credit_matches_the_closed_form(relay):
+    from marl.coalitions import episode_credit
+    from marl.spec import CreditSpec
+
+    env, expert, task = relay
+    shapley, _ = episode_credit(env, expert, task, CreditSpec(method="shapley"))
+    difference, _ = episode_credit(env, expert, task, CreditSpec(method="difference"))
+    masked, _ = episode_credit(env, expert, task, CreditSpec(method="shapley", absent="mask"))
+    assert shapley.values == pytest.approx({"left": 1 / 3, "right": 1 / 3, "final": 1 / 3}, abs=1e-12)
+    assert sum(shapley.values.values()) == pytest.approx(1.0)  # efficient: the team reward is conserved
+    assert difference.values == {"left": 1.0, "right": 1.0, "final": 1.0}
+    assert masked.values == pytest.approx({"left": 0.0, "right": 0.0, "final": 1.0}, abs=1e-12)
+
+
+def test_cli_credit_prints_a_table(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "trainers.cli", "credit", "relay", "--episodes", "3",
+                             "--method", "shapley"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:5]}
+    assert rows == {agent: ["0.3333", "0.0000", "0.0000"] for agent in ("left", "right", "final")}
+    bad = subprocess.run([sys.executable, "-m", "trainers.cli", "credit", "relay", "--absent", "vanish"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "credit.absent" in bad.stdout and "Traceback" not in bad.stderr

@@ -3,6 +3,7 @@
     marl demo [--steps N] [--out DIR] [--resume] [--set grpo.lr=1e-4 ...]
     marl validate FILE... [--set key=value ...]
     marl rollout FILE [--policy expert|null|random|module:function] [--episodes N]
+    marl credit FILE [--episodes N] [--policy expert|null|random] [--method shapley] [--absent null_message]
     marl serve MODEL_DIR [--port N]
     marl judges report|calibrate --base-url URL --model NAME --items FILE.jsonl --out FILE
 
@@ -122,8 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--episodes", type=int, default=3, help="episodes to play (held-out tasks first)")
     rollout.add_argument("--seed", type=int, default=0)
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
+    rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
     rollout.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     rollout.set_defaults(handler=_rollout)
+
+    credit = commands.add_parser("credit", help="per-agent credit of a scenario under a fixed policy")
+    credit.add_argument("file", metavar="FILE", help="scenario file or built-in name")
+    credit.add_argument("--episodes", type=int, default=10)
+    credit.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    credit.add_argument("--method", help="team, shapley, banzhaf, owen, myerson, difference or least_core")
+    credit.add_argument("--estimator", help="auto, exact, permutation, antithetic, tmc, stratified or kernel")
+    credit.add_argument("--absent", help="null_message, skip_turn, default_policy, resample, replay or mask")
+    credit.add_argument("--budget", type=int, help="coalition evaluations per episode")
+    credit.add_argument("--rollouts", type=int, help="seeded rollouts per coalition")
+    credit.add_argument("--seed", type=int, default=0)
+    credit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    credit.set_defaults(handler=_credit)
 
     serve = commands.add_parser("serve", help="serve a local model on an OpenAI-compatible endpoint")
     serve.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face causal-LM directory")
@@ -149,6 +164,12 @@ def _serve(args) -> int:
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     return 0
+
+
+def _credit(args) -> int:
+    from trainers.cli_scenarios import credit_command
+
+    return credit_command(args)
 
 
 def _validate(args) -> int:

@@ -83,8 +83,60 @@ def rollout_command(args) -> int:
                      else max(b.total for b in result.breakdown.values()))
         if not args.quiet:
             print_episode(result)
+        if args.credit and not args.quiet:
+            _print_episode_credit(env, policy, task, args.seed + index)
     valid = [m for m in means if not math.isnan(m)]
     summary = {"scenario": scenario.spec.name, "policy": args.policy, "episodes": len(means),
                "mean_reward": statistics.fmean(valid) if valid else None, "masked": len(means) - len(valid)}
     print(json.dumps(summary))
     return 0
+
+
+def _print_episode_credit(env, policy, task, seed) -> None:
+    from marl.coalitions import episode_credit
+
+    estimate, _ = episode_credit(env, policy, task, seed=seed)
+    shares = ", ".join(f"{agent} {value:+.3f}±{estimate.stderr[agent]:.3f}" for agent, value in estimate.values.items())
+    print(f"  credit ({estimate.method}, {estimate.n_evals} coalitions): {shares}; sum {sum(estimate.values.values()):+.3f}")
+
+
+def credit_command(args) -> int:
+    """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
+    from marl.coalitions import episode_credit
+    from marl.env import make_env
+    from marl.policies import get_policy
+    from marl.scenario import ScenarioError, load_scenario
+
+    overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in ("method", "estimator", "absent",
+                                                                                  "budget", "rollouts")
+                                  if getattr(args, key) is not None]
+    try:
+        scenario = load_scenario(args.file, overrides)
+        policy = get_policy(args.policy, scenario, seed=args.seed)
+        env = make_env(scenario)
+        train, held_out = scenario.split()
+        tasks = (held_out or train)[: args.episodes]
+        results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
+    except ScenarioError as error:
+        for problem in error.problems:
+            print(problem)
+        return 2
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"marl: error: {error}")
+    _print_credit_table(scenario, args.policy, results)
+    return 0
+
+
+def _print_credit_table(scenario, policy_name: str, results) -> None:
+    agents = list(results[0].values)
+    print(f"{scenario.spec.name}: {results[0].method} credit, policy {policy_name}, {len(results)} episodes, "
+          f"absent = {scenario.spec.credit.absent}")
+    print(f"{'agent':<14}{'credit':>10}{'stderr':>10}{'sd over episodes':>20}")
+    for agent in agents:
+        values = [r.values[agent] for r in results]
+        within = math.sqrt(statistics.fmean(r.stderr[agent] ** 2 for r in results) / len(results))
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{agent:<14}{statistics.fmean(values):>10.4f}{within:>10.4f}{spread:>20.4f}")
+    evaluations = statistics.fmean(r.n_evals for r in results)
+    total = statistics.fmean(sum(r.values.values()) for r in results)
+    print(f"evaluations per episode: {evaluations:.1f}; mean sum of credit: {total:.4f}")
