@@ -55,6 +55,59 @@ class ScenarioCoalitionValue:
         """Mean team reward over the shared seeds (NaN if a judge failed on some episode)."""
         return statistics.fmean(self.episode_return(frozenset(coalition), seed) for seed in self.seeds)
 
+    def evaluate_many(self, coalitions) -> int:
+        """Play every missing (coalition, seed) episode in lockstep; return how many were played.
+
+        At each turn the present agents of all those episodes are answered together: by ONE call of
+        `policy.batch([(agent, observation, task), ...])` when the policy has a `batch` method (an LLM
+        policy generating for many prompts at once), else one call each. Used for null_message,
+        skip_turn and default_policy; the replay-based policies run one episode at a time.
+        """
+        pending = [(frozenset(c), seed) for c in coalitions for seed in self.seeds
+                   if (frozenset(c), seed) not in self.returns]
+        pending = list(dict.fromkeys(pending))
+        if not pending or self.absent not in ("null_message", "skip_turn", "default_policy"):
+            for coalition, seed in pending:
+                self.episode_return(coalition, seed)
+            return len(pending)
+        from marl.env import ScenarioEnv
+
+        envs = [ScenarioEnv(self.env.scenario, tasks=[self.task]) for _ in pending]
+        observations = [env.reset(seed=seed, options={"task": self.task, "absent": self._skipped(coalition)})[0]
+                        for env, (coalition, seed) in zip(envs, pending)]
+        rewards = [{} for _ in pending]
+        while any(env.agents for env in envs):
+            live = [k for k, env in enumerate(envs) if env.agents]
+            texts = self._batched_actions([(k, agent, observations[k][agent]["text"], pending[k][0])
+                                           for k in live for agent in envs[k].acting_agents()])
+            for k in live:
+                actions = {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents}
+                observations[k], rewards[k], *_ = envs[k].step(actions)
+        for (coalition, seed), env, reward in zip(pending, envs, rewards):
+            self.returns[coalition, seed] = _team_reward(reward)
+            if coalition == frozenset(self.players):
+                self.transcripts[coalition, seed] = ([dict(t) for t in env.transcript], list(env.tool_log))
+        return len(pending)
+
+    def _skipped(self, coalition: frozenset) -> frozenset:
+        return frozenset(self.players) - coalition if self.absent == "skip_turn" else frozenset()
+
+    def _batched_actions(self, requests: list[tuple[int, str, str, frozenset]]) -> dict[tuple[int, str], str]:
+        """Texts for every (episode, agent) request: present agents through one batched policy call."""
+        texts, present = {}, []
+        for k, agent, observation, coalition in requests:
+            if agent in coalition:
+                present.append((k, agent, observation))
+            elif self.absent == "default_policy":
+                texts[k, agent] = self.default_policy(agent, observation, self.task)
+            else:
+                texts[k, agent] = ""
+        batch = getattr(self.policy, "batch", None)
+        calls = [(agent, observation, self.task) for _, agent, observation in present]
+        answers = batch(calls) if batch is not None else [self.policy(*call) for call in calls]
+        texts.update({(k, agent): answer for (k, agent, _), answer in zip(present, answers)})
+        return texts
+
     def episode_return(self, coalition: frozenset, seed: int) -> float:
         """The team reward of one seeded episode with `coalition` present (cached)."""
         key = (coalition, seed)
@@ -109,6 +162,28 @@ class ScenarioCoalitionValue:
         return _team_reward(rewards)
 
 
+def _coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
+    """The coalitions an exact method will ask for, so they can be played in one batch up front."""
+    from itertools import combinations
+
+    import networkx as nx
+
+    everyone = frozenset(players)
+    if spec.method == "team":
+        return [everyone]
+    if spec.method == "difference":
+        return [everyone] + [everyone - {p} for p in players]
+    exact = spec.estimator == "exact" or (spec.estimator == "auto" and (spec.budget is None or
+                                                                       spec.budget >= 2 ** len(players) - 1))
+    if not exact or len(players) > 12:
+        return []  # sampled estimators decide their coalitions as they go
+    subsets = [frozenset(c) for size in range(len(players) + 1) for c in combinations(players, size)]
+    if spec.method == "myerson":
+        undirected = nx.Graph(graph)
+        return [s for s in subsets if len(s) <= 1 or nx.is_connected(undirected.subgraph(s))]
+    return subsets
+
+
 def _team_reward(rewards: dict[str, float]) -> float:
     values = list(rewards.values())
     return values[0] if values else math.nan
@@ -129,6 +204,7 @@ def episode_credit(env, policy, task: Task, credit=None, *, seed: int = 0):
     value = ScenarioCoalitionValue(env, policy, task, absent=spec.absent, rollouts=spec.rollouts,
                                    seed=seed + spec.seed, default_policy=default)
     players, options = value.players, dict(budget=spec.budget, seed=spec.seed)
+    value.evaluate_many(_coalitions_needed(spec, players, env.visibility))
     method = spec.estimator
     if spec.method == "team":
         team = value(frozenset(players))

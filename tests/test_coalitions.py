@@ -122,3 +122,30 @@ def test_cli_credit_prints_a_table(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainers.cli", "credit", "relay", "--absent", "vanish"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "credit.absent" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_exact_credit_plays_every_coalition_with_one_batched_call_per_turn(relay):
+    from marl.coalitions import episode_credit
+    from marl.spec import CreditSpec
+
+    env, expert, task = relay
+
+    class BatchedExpert:
+        """A policy that answers many prompts at once, like an LLM's batched generate."""
+
+        def __init__(self):
+            self.batches = []
+
+        def __call__(self, agent, observation, task_):
+            raise AssertionError("the batched path must not fall back to one call per agent")
+
+        def batch(self, requests):
+            self.batches.append(len(requests))
+            return [expert(*request) for request in requests]
+
+    policy = BatchedExpert()
+    estimate, value = episode_credit(env, policy, task, CreditSpec(method="shapley", rollouts=2))
+    assert estimate.values == pytest.approx({"left": 1 / 3, "right": 1 / 3, "final": 1 / 3}, abs=1e-12)
+    assert len(policy.batches) == 2  # relay has two turns: (left, right), then final
+    assert len(value.returns) == 8 * 2  # every coalition, every seed, played once
+    assert sum(policy.batches) == 2 * (4 + 4 + 4)  # each agent is present in 4 of the 8 coalitions
