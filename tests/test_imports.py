@@ -33,12 +33,19 @@ def test_the_check_detects_a_heavy_import():
     assert "torch" in loaded
 
 
-def test_only_the_judge_backend_imports_openai():
+def _importers(library: str) -> list[str]:
     import pathlib
     import re
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    pattern = re.compile(r"^\s*(import openai|from openai\b)", re.M)
-    importers = sorted(str(p.relative_to(root)) for package in ("marl", "judges", "trainers")
-                       for p in (root / package).rglob("*.py") if pattern.search(p.read_text()))
-    assert importers == ["judges/openai_backend.py"]
+    pattern = re.compile(rf"^\s*(import {library}\b|from {library}\b)", re.M)
+    return sorted(str(p.relative_to(root)) for package in ("marl", "judges", "trainers")
+                  for p in (root / package).rglob("*.py") if pattern.search(p.read_text()))
+
+
+def test_only_the_judge_backend_imports_openai():
+    assert _importers("openai") == ["judges/openai_backend.py"]
+
+
+def test_only_the_tracker_imports_wandb():
+    assert _importers("wandb") == ["trainers/tracking.py"]

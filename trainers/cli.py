@@ -77,7 +77,8 @@ def apply_overrides(config, overrides: list[str]):
 def _demo(args) -> int:
     from trainers.demo import DemoConfig, RunDirectoryError, run_demo
 
-    config = DemoConfig(out=args.out, resume=args.resume, cache_dir=args.cache_dir, model=args.model)
+    config = DemoConfig(out=args.out, resume=args.resume, cache_dir=args.cache_dir, model=args.model,
+                        tracker=args.tracker)
     if args.steps is not None:
         config.grpo.steps = args.steps
     if args.threads is not None:
@@ -90,7 +91,7 @@ def _demo(args) -> int:
         run_demo(config)
     except RunDirectoryError as error:
         raise UsageError(str(error)) from None
-    except FileNotFoundError as error:
+    except (FileNotFoundError, RuntimeError) as error:
         raise UsageError(str(error)) from None
     return 0
 
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, help="seed of the RL run (default 0)")
     demo.add_argument("--model", help="a local Hugging Face model directory to train instead of the tiny model")
     demo.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
+    demo.add_argument("--tracker", choices=("wandb", "jsonl", "none"), default="wandb",
+                      help="wandb (offline unless WANDB_API_KEY is set), jsonl or none; metrics.jsonl is always written")
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a setting, e.g. --set grpo.lr=1e-4 (repeatable)")
     demo.set_defaults(handler=_demo)

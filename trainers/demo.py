@@ -2,7 +2,8 @@
 
 This is what `make run` runs until the multi-agent main job exists. Held-out accuracy is measured on
 a fixed evaluation set, greedy (temperature 0) and sampled (temperature 1, fixed seed), before and
-after training; the run directory gets metrics.jsonl, a checkpoint and summary.json.
+after training. The run directory gets metrics.jsonl, summary.json, checkpoints, report.md with
+plots, and (with the default tracker) an offline Weights & Biases run under wandb/.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class DemoConfig:
     """sampled completions per held-out prompt for the sampled accuracy"""
     checkpoint_every: int = 10
     resume: bool = False
+    tracker: str = "wandb"
+    """wandb (offline unless WANDB_API_KEY is set) | jsonl | none; metrics.jsonl is always written"""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200))
 
 
@@ -65,6 +68,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     """Run the whole demo and return its summary (also written to OUT/summary.json)."""
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from trainers.progress import ProgressPrinter
+    from trainers.report import write_report
 
     import torch
 
@@ -92,27 +96,48 @@ def run_demo(config: DemoConfig, log=print) -> dict:
 
     progress = ProgressPrinter(total=config.grpo.steps, start=trainer.step_count, log=log)
     started = time.perf_counter()
-    with (out / "metrics.jsonl").open("a") as metrics_file:
-        try:
-            while trainer.step_count < config.grpo.steps:
-                metrics = trainer.step()
-                metrics_file.write(json.dumps(metrics) + "\n")
-                metrics_file.flush()
-                progress.update(metrics)
-                if trainer.step_count % config.checkpoint_every == 0:
-                    save_checkpoint(trainer, out)
-        except KeyboardInterrupt:
-            save_checkpoint(trainer, out)
-            log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
-            raise
-    save_checkpoint(trainer, out)
-    after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
-    summary = _summary(config, before, after, out, time.perf_counter() - started)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    tracker = _tracker(config, out)
+    try:
+        _train(trainer, tracker, progress, config, out, log)
+        checkpoint = save_checkpoint(trainer, out)
+        after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
+        summary = _summary(config, before, after, out, time.perf_counter() - started)
+        tracker.summary(summary)
+        tracker.log_artifact(checkpoint / "model", name="policy", type="model",
+                             metadata={"train/step": trainer.step_count}, aliases=["latest", f"step-{trainer.step_count}"])
+    finally:
+        tracker.finish()
+    report = write_report(out, title="marl demo: GRPO on two-number addition", before=before, after=after)
     log(f"held-out accuracy after:  greedy {after['greedy']:.3f}, sampled {after['sampled']:.3f}")
     log(f"gain: greedy {after['greedy'] - before['greedy']:+.3f}, sampled {after['sampled'] - before['sampled']:+.3f}"
-        f"  |  run directory: {out}")
+        f"  |  report: {report}")
     return summary
+
+
+def _tracker(config: DemoConfig, out: Path):
+    """The experiment tracker; `none` still keeps the run directory's own metrics.jsonl."""
+    from trainers.tracking import JsonlTracker, make_tracker
+
+    if config.tracker == "none":
+        return JsonlTracker(out)
+    return make_tracker(config.tracker, out, config=asdict(config), name=out.name, group="demo")
+
+
+def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:
+    """The step loop: log every step, checkpoint every `checkpoint_every`, and on Ctrl-C."""
+    from trainers.checkpoint import save_checkpoint
+
+    try:
+        while trainer.step_count < config.grpo.steps:
+            metrics = trainer.step()
+            tracker.log(metrics)
+            progress.update(metrics)
+            if trainer.step_count % config.checkpoint_every == 0:
+                save_checkpoint(trainer, out)
+    except KeyboardInterrupt:
+        save_checkpoint(trainer, out)
+        log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
+        raise
 
 
 class RunDirectoryError(RuntimeError):
@@ -134,7 +159,9 @@ def _read_before(out: Path) -> dict | None:
 
 
 def _summary(config: DemoConfig, before: dict, after: dict, out: Path, seconds: float) -> dict:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from trainers.report import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl")
     step_times = [row["time/step"] for row in rows]
     return {"before": before, "after": after, "steps": len(rows), "train_seconds": seconds,
             "median_step_seconds": statistics.median(step_times) if step_times else None,
