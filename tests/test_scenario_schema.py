@@ -130,3 +130,14 @@ def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "trainers.cli", "validate", str(path)], capture_output=True,
                             text=True)
     assert result.returncode == 2 and "raised RuntimeError" in result.stdout and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["rollout", "no_such_scenario"], "no scenario file 'no_such_scenario'"),
+    (["credit", "debate", "--episodes", "1"], "credit splits a team reward"),
+    (["rollout", "relay", "--policy", "clever"], "unknown policy 'clever'"),
+])
+def test_play_commands_report_bad_input_in_one_line(args, message):
+    result = subprocess.run([sys.executable, "-m", "trainers.cli", *args], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

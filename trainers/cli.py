@@ -122,25 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollout = commands.add_parser("rollout", help="play episodes of a scenario with a fixed policy")
     rollout.add_argument("file", metavar="FILE", help="scenario file or built-in name (relay, weather, ...)")
-    rollout.add_argument("--policy", default="expert", help="expert, null, random or module:function")
-    rollout.add_argument("--episodes", type=int, default=3, help="episodes to play (held-out tasks first)")
-    rollout.add_argument("--seed", type=int, default=0)
+    _add_play_arguments(rollout, episodes=3)
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
-    rollout.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     rollout.set_defaults(handler=_rollout)
 
     credit = commands.add_parser("credit", help="per-agent credit of a scenario under a fixed policy")
     credit.add_argument("file", metavar="FILE", help="scenario file or built-in name")
-    credit.add_argument("--episodes", type=int, default=10)
-    credit.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    _add_play_arguments(credit, episodes=10)
     credit.add_argument("--method", help="team, shapley, banzhaf, owen, myerson, difference or least_core")
     credit.add_argument("--estimator", help="auto, exact, permutation, antithetic, tmc, stratified or kernel")
     credit.add_argument("--absent", help="null_message, skip_turn, default_policy, resample, replay or mask")
     credit.add_argument("--budget", type=int, help="coalition evaluations per episode")
     credit.add_argument("--rollouts", type=int, help="seeded rollouts per coalition")
-    credit.add_argument("--seed", type=int, default=0)
-    credit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     credit.set_defaults(handler=_credit)
 
     serve = commands.add_parser("serve", help="serve a local model on an OpenAI-compatible endpoint")
@@ -167,6 +161,15 @@ def _serve(args) -> int:
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     return 0
+
+
+def _add_play_arguments(parser, episodes: int) -> None:
+    """The options shared by commands that play episodes of a scenario with a fixed policy."""
+    parser.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    parser.add_argument("--episodes", type=int, default=episodes, help="episodes to play (held-out tasks first)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. --set credit.method=shapley")
 
 
 def _credit(args) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 
 
 def validate_command(args) -> int:
@@ -58,24 +59,43 @@ def print_episode(result) -> None:
     print("  rewards: " + ", ".join(f"{agent} {value:+.3f}" for agent, value in result.rewards.items()))
 
 
+def reports_problems(command):
+    """Wrap a command: scenario problems print one per line (exit 2); other bad input exits with one line."""
+    def run(args) -> int:
+        from marl.scenario import ScenarioError
+
+        try:
+            return command(args)
+        except ScenarioError as error:
+            for problem in error.problems:
+                print(problem)
+            return 2
+        except (ValueError, FileNotFoundError) as error:
+            print(f"marl: error: {error}", file=sys.stderr)
+            return 2
+
+    run.__doc__ = command.__doc__
+    return run
+
+
+def _setup(file, overrides, policy_name: str, seed: int, episodes: int):
+    """The scenario, the policy, an env, and the tasks to play (held-out tasks first)."""
+    from marl.env import make_env
+    from marl.policies import get_policy
+    from marl.scenario import load_scenario
+
+    scenario = load_scenario(file, overrides)
+    policy = get_policy(policy_name, scenario, seed=seed)
+    train, held_out = scenario.split()
+    return scenario, policy, make_env(scenario), (held_out or train)[:episodes]
+
+
+@reports_problems
 def rollout_command(args) -> int:
     """Play episodes with one policy and print their transcripts and reward breakdowns."""
-    from marl.env import make_env
-    from marl.policies import get_policy, rollout
-    from marl.scenario import ScenarioError, load_scenario
+    from marl.policies import rollout
 
-    try:
-        scenario = load_scenario(args.file, args.set)
-        policy = get_policy(args.policy, scenario, seed=args.seed)
-    except ScenarioError as error:
-        for problem in error.problems:
-            print(problem)
-        return 2
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"marl: error: {error}")
-    env = make_env(scenario)
-    train, held_out = scenario.split()
-    tasks = (held_out or train)[: args.episodes]
+    scenario, policy, env, tasks = _setup(args.file, args.set, args.policy, args.seed, args.episodes)
     means = []
     for index, task in enumerate(tasks):
         result = rollout(env, policy, task=task, seed=args.seed + index)
@@ -100,29 +120,16 @@ def _print_episode_credit(env, policy, task, seed) -> None:
     print(f"  credit ({estimate.method}, {estimate.n_evals} coalitions): {shares}; sum {sum(estimate.values.values()):+.3f}")
 
 
+@reports_problems
 def credit_command(args) -> int:
     """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
     from marl.coalitions import episode_credit
-    from marl.env import make_env
-    from marl.policies import get_policy
-    from marl.scenario import ScenarioError, load_scenario
 
     overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in ("method", "estimator", "absent",
                                                                                   "budget", "rollouts")
                                   if getattr(args, key) is not None]
-    try:
-        scenario = load_scenario(args.file, overrides)
-        policy = get_policy(args.policy, scenario, seed=args.seed)
-        env = make_env(scenario)
-        train, held_out = scenario.split()
-        tasks = (held_out or train)[: args.episodes]
-        results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
-    except ScenarioError as error:
-        for problem in error.problems:
-            print(problem)
-        return 2
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"marl: error: {error}")
+    scenario, policy, env, tasks = _setup(args.file, overrides, args.policy, args.seed, args.episodes)
+    results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
     _print_credit_table(scenario, args.policy, results)
     return 0
 
