@@ -38,15 +38,19 @@ def test_default_policy_stands_in_for_the_absent_agent(relay):
     assert v(frozenset({"final"})) == 1.0  # the stand-in is the expert itself: nobody is missed
 
 
+def _recording(policy, calls: list):
+    """The policy, noting in `calls` which agent it spoke for each time."""
+    def act(agent, observation, task):
+        calls.append(agent)
+        return policy(agent, observation, task)
+
+    return act
+
+
 def test_episodes_are_cached_per_coalition_and_seed(relay):
     env, expert, task = relay
     calls = []
-
-    def counting(agent, observation, task_):
-        calls.append(agent)
-        return expert(agent, observation, task_)
-
-    v = ScenarioCoalitionValue(env, counting, task, rollouts=3)
+    v = ScenarioCoalitionValue(env, _recording(expert, calls), task, rollouts=3)
     v(ALL), v(ALL)
     assert len(calls) == 3 * 3 and sorted(seed for _, seed in v.returns) == [0, 1, 2]
 
@@ -54,12 +58,7 @@ def test_episodes_are_cached_per_coalition_and_seed(relay):
 def test_mask_replays_nothing(relay):
     env, expert, task = relay
     calls = []
-
-    def counting(agent, observation, task_):
-        calls.append(agent)
-        return expert(agent, observation, task_)
-
-    v = ScenarioCoalitionValue(env, counting, task, absent="mask")
+    v = ScenarioCoalitionValue(env, _recording(expert, calls), task, absent="mask")
     v(frozenset({"left"})), v(frozenset({"right", "final"}))
     assert len(calls) == 3  # only the full-team reference episode was played
 
@@ -67,12 +66,7 @@ def test_mask_replays_nothing(relay):
 def test_replay_keeps_messages_before_the_first_absence(relay):
     env, expert, task = relay
     seen = []
-
-    def recording(agent, observation, task_):
-        seen.append(agent)
-        return expert(agent, observation, task_)
-
-    v = ScenarioCoalitionValue(env, recording, task, absent="replay")
+    v = ScenarioCoalitionValue(env, _recording(expert, seen), task, absent="replay")
     v(ALL)
     seen.clear()
     v(frozenset({"left", "final"}))  # right is absent in the first turn, so only final regenerates
