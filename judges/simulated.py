@@ -32,9 +32,9 @@ Listwise: two or more answers fenced as `[The Start of Response i]` ... `[The En
   i = 1, 2, ... Reply: one line of reasoning, then the ranking, best first, as tokens
   "[[", "3", ", ", "1", ", ", "2", "]]" (text `[[3, 1, 2]]`).
 
-Answers are escaped by `escape_answer` (a "[The Start of" / "[The End of" inside an answer becomes
-"(The Start of" / "(The End of"; any other defusing that breaks the exact marker works too), so an
-answer cannot close its own fence. Any other prompt gets a
+Answers are fenced and defused by `judges.prompts` (the judges' own builders; a "[The Start of" /
+"[The End of" inside an answer gets a zero-width space, and any other defusing that breaks the exact
+marker works too), so an answer cannot close its own fence. Any other prompt gets a
 reply without a verdict (exercises parse-error paths).
 
 The model (research doc section 7.1). Features of an answer text:
@@ -80,6 +80,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from judges.prompts import defuse, listwise_messages, pairwise_messages, pointwise_messages
+
 PAIRWISE_LABELS = ("A", "B", "C")
 SELF_MARKER = "As SimJudge,"
 MASTER_KEY_PREFIXES = ("Thought process:", "Let's solve this problem step by step")
@@ -114,22 +116,17 @@ _WORD = re.compile(r"\S+")
 
 
 # -- prompt building and parsing -------------------------------------------------------------------------
+# The answers are fenced and defused by judges.prompts, the judges' own prompt builders, so the simulator
+# reads exactly what a real judge is sent; these helpers only put other instructions in front.
 def escape_answer(text: str) -> str:
-    """Neutralise fence markers inside a candidate answer."""
-    return text.replace("[The Start of", "(The Start of").replace("[The End of", "(The End of")
-
-
-def fence_answer(text: str, slot: str = "") -> str:
-    """`text` between the start/end markers of `slot` ("A", "B", or "" for a single answer)."""
-    name = f" {slot}" if slot else ""
-    return f"{START.format(slot=name)}\n{escape_answer(text)}\n{END.format(slot=name)}"
+    """Neutralise fence markers inside a candidate answer (judges.prompts.defuse)."""
+    return defuse(text)
 
 
 def pairwise_prompt(question: str, answer_a: str, answer_b: str, *,
                     instructions: str = PAIRWISE_INSTRUCTIONS) -> str:
     """A pairwise judge prompt (instructions, question, both fenced answers)."""
-    return (f"{instructions}\n\n[User Question]\n{question}\n\n{fence_answer(answer_a, 'A')}\n\n"
-            f"{fence_answer(answer_b, 'B')}")
+    return f"{instructions}\n\n{pairwise_messages(question, answer_a, answer_b)[-1]['content']}"
 
 
 def pointwise_prompt(question: str, answer: str, *, scale: tuple[int, int] = DEFAULT_SCALE,
@@ -137,7 +134,7 @@ def pointwise_prompt(question: str, answer: str, *, scale: tuple[int, int] = DEF
     """A pointwise judge prompt; `instructions` may use {lo}, {hi} and {example}."""
     lo, hi = scale
     text = instructions.format(lo=lo, hi=hi, example=(lo + hi) // 2)
-    return f"{text}\n\n[Question]\n{question}\n\n{fence_answer(answer)}"
+    return f"{text}\n\n{pointwise_messages(question, answer, scale)[-1]['content']}"
 
 
 def _fenced(prompt: str, start_marker: str, end_marker: str) -> tuple[str, int, int] | None:
@@ -162,9 +159,7 @@ def _between(prompt: str, slot: str) -> tuple[str, int, int] | None:
 
 def listwise_prompt(question: str, answers: Sequence[str], *, instructions: str = LISTWISE_INSTRUCTIONS) -> str:
     """A listwise judge prompt: the answers fenced as Response 1..n; `instructions` may use {n}."""
-    blocks = "\n\n".join(f"{LIST_START.format(i=i)}\n{escape_answer(a)}\n{LIST_END.format(i=i)}"
-                          for i, a in enumerate(answers, start=1))
-    return f"{instructions.format(n=len(answers))}\n\n[User Question]\n{question}\n\n{blocks}"
+    return f"{instructions.format(n=len(answers))}\n\n{listwise_messages(question, list(answers))[-1]['content']}"
 
 
 def parse_listwise_prompt(prompt: str) -> list[str] | None:
