@@ -587,13 +587,9 @@ def _no_grad_logprobs(model, completions: Completions, temperature: float) -> to
     return completion_logprobs(model, completions, temperature)
 
 
-_ROW_FIELDS = [f.name for f in fields(Completions) if f.name != "group_size"]
-
-
 def _select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
     """The sub-batch of the given rows (a boolean mask or indices)."""
-    return Completions(**{name: getattr(completions, name)[rows] for name in _ROW_FIELDS},
-                       group_size=completions.group_size)
+    return Completions(**{f.name: getattr(completions, f.name)[rows] for f in fields(Completions)})
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -21,7 +21,7 @@ import torch
 
 @dataclass
 class Completions:
-    """A batch of sampled completions, G per prompt, grouped contiguously.
+    """A batch of sampled completions; `prompt_index` says which prompt each row answers.
 
     prompt_ids, prompt_mask: (N, P) left-padded prompts.
     completion_ids: (N, C) sampled tokens, padding after EOS.
@@ -40,7 +40,6 @@ class Completions:
     truncated: torch.Tensor
     entropy: torch.Tensor
     prompt_index: torch.Tensor
-    group_size: int
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +144,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
                        completion_ids=tokens, completion_mask=mask.long(), logprobs=logprobs,
-                       truncated=~done, entropy=entropy, prompt_index=rows_prompt, group_size=group_size)
+                       truncated=~done, entropy=entropy, prompt_index=rows_prompt)
 
 
 def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):
