@@ -75,7 +75,7 @@ def apply_overrides(config, overrides: list[str]):
 
 
 def _demo(args) -> int:
-    from trainers.demo import DemoConfig, RunDirectoryError, run_demo
+    from trainers.demo import DemoConfig, run_demo
 
     config = DemoConfig(out=args.out, resume=args.resume, cache_dir=args.cache_dir, model=args.model,
                         tracker=args.tracker)
@@ -89,9 +89,7 @@ def _demo(args) -> int:
     _quiet_libraries()
     try:
         run_demo(config)
-    except RunDirectoryError as error:
-        raise UsageError(str(error)) from None
-    except (FileNotFoundError, RuntimeError) as error:
+    except (FileNotFoundError, RuntimeError) as error:  # RunDirectoryError, or a tracker that cannot start
         raise UsageError(str(error)) from None
     return 0
 

@@ -146,11 +146,12 @@ class RunDirectoryError(RuntimeError):
 
 def _truncate_metrics(path: Path, steps_done: int) -> None:
     """Drop metric rows logged after the checkpoint we resume from, so no step appears twice."""
+    from trainers.report import read_metrics
+
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["train/step"] <= steps_done]
-    path.write_text("".join(row + "\n" for row in rows))
+    rows = [row for row in read_metrics(path) if row["train/step"] <= steps_done]  # a torn last line is dropped
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _read_before(out: Path) -> dict | None:
