@@ -69,6 +69,12 @@ def _slot1_picks(pair) -> tuple[float, float]:
     return first, second
 
 
+def _slot1_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
+    """The slot-1 picks of every pair as two arrays: order (a, b) and order (b, a)."""
+    first, second = zip(*(_slot1_picks(p) for p in pairs))
+    return np.array(first), np.array(second)
+
+
 async def _compare_all(judge, pairs: list[tuple[Item, str, str]]):
     return await asyncio.gather(*(judge.compare(item, Candidate(a), Candidate(b)) for item, a, b in pairs))
 
@@ -88,7 +94,7 @@ def _estimate_dict(estimate) -> dict:
 def _position(pairs) -> dict:
     from judges.stats_inference import position_bias
 
-    ab, ba = (np.array(column) for column in zip(*(_slot1_picks(p) for p in pairs)))
+    ab, ba = _slot1_arrays(pairs)
     result = position_bias(ab, ba)
     return {"log_odds": _estimate_dict(result.bias), "flip_rate": result.flip_rate.estimate,
             "flip_rate_ci": [result.flip_rate.ci_low, result.flip_rate.ci_high],
@@ -98,7 +104,7 @@ def _position(pairs) -> dict:
 def _length(probes: list[Probe], pairs) -> dict:
     from judges.stats_inference import length_slope
 
-    first, second = (np.array(column) for column in zip(*(_slot1_picks(p) for p in pairs)))
+    first, second = _slot1_arrays(pairs)
     result = length_slope(first, second, np.array([p.log_length_ratio for p in probes]))
     return {"slope": _estimate_dict(result.slope), "position": _estimate_dict(result.position),
             "n_pairs": result.n_pairs}
@@ -110,7 +116,7 @@ def _effect(probes: list[Probe], pairs, length_slope: float) -> dict:
     also lengthens the answer is not charged twice."""
     from judges.stats_inference import logistic_fit
 
-    first, second = (np.array(column) for column in zip(*(_slot1_picks(p) for p in pairs)))
+    first, second = _slot1_arrays(pairs)
     preferred = np.concatenate([first, 1.0 - second])
     side = np.concatenate([np.ones(len(first)), -np.ones(len(second))])
     length = np.tile([p.log_length_ratio for p in probes], 2)
