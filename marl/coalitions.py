@@ -162,8 +162,9 @@ class ScenarioCoalitionValue:
         return _team_reward(rewards)
 
 
-def _coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
-    """The coalitions an exact method will ask for, so they can be played in one batch up front."""
+def coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
+    """The coalitions an exact method will ask for, so they can be played in one batch up front
+    (empty for sampled estimators, which decide their coalitions as they go)."""
     from itertools import combinations
 
     import networkx as nx
@@ -196,29 +197,37 @@ def episode_credit(env, policy, task: Task, credit=None, *, seed: int = 0):
     the other methods split it from coalition values (Myerson over the scenario's visibility graph,
     Owen over `credit.unions`).
     """
-    from marl import credit as estimators
-    from marl.credit_exact import CreditEstimate
-
     spec = credit if credit is not None else env.scenario.spec.credit
     default = env.scenario.resolve(spec.default_policy) if spec.default_policy else None
     value = ScenarioCoalitionValue(env, policy, task, absent=spec.absent, rollouts=spec.rollouts,
                                    seed=seed + spec.seed, default_policy=default)
-    players, options = value.players, dict(budget=spec.budget, seed=spec.seed)
-    value.evaluate_many(_coalitions_needed(spec, players, env.visibility))
-    method = spec.estimator
+    value.evaluate_many(coalitions_needed(spec, value.players, env.visibility))
+    return estimate_credit(spec, value, value.players, env.visibility), value
+
+
+def estimate_credit(spec, value, players: tuple, graph):
+    """Split v(everyone) among `players` with the method and estimator of a CreditSpec.
+
+    `value(coalition) -> float` is any coalition value; `graph` is the visibility graph (Myerson).
+    `team` copies v(everyone) to every player.
+    """
+    from marl import credit as estimators
+    from marl.credit_exact import CreditEstimate
+
+    options, method = dict(budget=spec.budget, seed=spec.seed), spec.estimator
     if spec.method == "team":
         team = value(frozenset(players))
-        return CreditEstimate({p: team for p in players}, {p: 0.0 for p in players}, 1, "team"), value
+        return CreditEstimate({p: team for p in players}, {p: 0.0 for p in players}, 1, "team")
     if spec.method == "shapley":
-        return estimators.shapley(value, players, method=method, **options), value
+        return estimators.shapley(value, players, method=method, **options)
     if spec.method == "banzhaf":
-        return estimators.banzhaf(value, players, method="exact" if method == "auto" else method, **options), value
+        return estimators.banzhaf(value, players, method="exact" if method == "auto" else method, **options)
     if spec.method == "owen":
         if not spec.unions:
             raise ValueError("credit.method 'owen' needs credit.unions (union name -> agents)")
-        return estimators.owen(value, players, list(spec.unions.values()), **options), value
+        return estimators.owen(value, players, list(spec.unions.values()), **options)
     if spec.method == "myerson":
-        return estimators.myerson(value, env.visibility, **options), value
+        return estimators.myerson(value, graph, **options)
     if spec.method == "difference":
-        return estimators.difference_rewards(value, players), value
-    return estimators.least_core(value, players), value
+        return estimators.difference_rewards(value, players)
+    return estimators.least_core(value, players)

@@ -62,7 +62,7 @@ class ScenarioEnv(ParallelEnv):
     metadata = {"name": "marl_scenario_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
 
     def __init__(self, scenario: Scenario, *, tasks: list[Task] | None = None, render_mode: str | None = None,
-                 max_cycles: int | None = None):
+                 max_cycles: int | None = None, scorer: EpisodeScorer | None = None):
         from judges.registry import build_scorer
 
         self.scenario, spec = scenario, scenario.spec
@@ -79,7 +79,8 @@ class ScenarioEnv(ParallelEnv):
         self._action_spaces = {a: text_space(spec.action_max_chars) for a in self.possible_agents}
         self.tools = _agent_tool_registries(scenario)
         judges = {judge.name: judge for judge in spec.judges}
-        self.scorer = EpisodeScorer(spec, lambda s: _build_scorer(s, judges, scenario.base_dir, build_scorer))
+        self.scorer = scorer if scorer is not None else EpisodeScorer(
+            spec, lambda s: _build_scorer(s, judges, scenario.base_dir, build_scorer))  # pass one to share judges
         self._rng = random.Random(0)
         self.task: Task | None = None
         self.absent: frozenset = frozenset()

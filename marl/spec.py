@@ -29,7 +29,14 @@ class AgentSpec(Strict):
 
     name: str = Field(pattern=NAME_PATTERN, description="identifier used by the graph, tools and rewards")
     role: str = Field("", description="role / system prompt; keep it a short tag for the tiny model")
-    policy: str = Field("shared", description="'shared' (one model, role-conditioned), a model directory, or a name")
+    policy: str = Field("shared", description="'shared' (the scenario's one model, role-conditioned), 'own' (a "
+                                               "copy of it for this agent alone), a local model directory, a "
+                                               "scripted policy (expert, null, random, module:function) or "
+                                               "'openai:MODEL' (an OpenAI-compatible endpoint, always frozen)")
+    trainable: bool = Field(True, description="false freezes this agent: it plays but is never updated "
+                                              "(scripted and endpoint policies are always frozen)")
+    base_url: str | None = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL")
+    api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
     tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
     max_tokens: int = Field(16, ge=1, description="most tokens the agent may write per turn")
     observation: str | None = Field(
@@ -179,6 +186,49 @@ class TrackingSpec(Strict):
     project: str = "marl"
 
 
+class SelfPlaySpec(Strict):
+    """Self-play of competitive scenarios: the learner against its past snapshots."""
+
+    enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
+    pool_size: int = Field(8, ge=1, description="past snapshots kept in the opponent pool")
+    snapshot_every: int = Field(10, ge=1, description="steps between snapshots added to the pool")
+    strategy: Literal["latest", "uniform", "prioritised"] = "prioritised"
+    self_play_fraction: float = Field(0.5, ge=0, le=1, description="share of steps the learner plays itself "
+                                                                   "(the rest: a sampled snapshot)")
+    ratings: Literal["elo", "trueskill"] = "elo"
+
+
+class WarmupSpec(Strict):
+    """Stage 1: SFT on expert demonstrations until the format is right, then a short low-lr RL check."""
+
+    sft_max_steps: int = Field(300, ge=0, description="most SFT steps (0: no SFT)")
+    sft_lr: float = Field(1e-3, gt=0)
+    sft_batch_size: int = Field(32, ge=1)
+    format_target: float = Field(0.9, ge=0, le=1, description="stop SFT once this share of sampled messages "
+                                                              "passes the format layer")
+    rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
+    rl_lr_scale: float = Field(0.1, gt=0, le=1)
+    samples_shown: int = Field(4, ge=0)
+
+
+class ReflectionSpec(Strict):
+    """Stage 3: tasks whose reward stayed low are retried with the failure reason in the prompt."""
+
+    steps: int = Field(20, ge=0)
+    threshold: float = Field(0.5, ge=0, le=1, description="tasks whose pass rate is below this are retried")
+    retry_discount: float = Field(0.9, gt=0, le=1, description="a corrected answer earns this x a first-try one")
+
+
+class SafetySpec(Strict):
+    """Stage 4: adversarial tasks with penalties for fabrication and ignored constraints."""
+
+    steps: int = Field(20, ge=0)
+    generator: str | None = Field(None, description="'module:function' of adversarial tasks; default: the "
+                                                    "built-in perturbations of the training tasks")
+    fabrication_penalty: float = Field(0.5, ge=0)
+    constraint_penalty: float = Field(0.5, ge=0)
+
+
 class TrainSpec(Strict):
     """Training settings (meaning given by the trainer; names follow trainers.grpo.GRPOConfig)."""
 
@@ -197,6 +247,17 @@ class TrainSpec(Strict):
     threads: int = Field(1, ge=1)
     stages: list[Literal["warmup", "main", "reflection", "safety"]] = Field(
         default_factory=lambda: ["warmup", "main"])
+    model: str = Field("tiny", description="'tiny' (the embedded default, built locally) or a local Hugging Face "
+                                           "causal-LM directory")
+    checkpoint_every: int = Field(10, ge=1)
+    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
+                                                          "(default: all of tasks.eval_count)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    mu: int = Field(1, ge=1)
+    selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)
+    safety: SafetySpec = Field(default_factory=SafetySpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
 

@@ -3,7 +3,8 @@
 Layout under a run directory:
 
     checkpoints/step-000010/state.pt   trainer.state_dict(): model, optimizer, schedule, RNGs, sampler, guards
-    checkpoints/step-000010/model/     the policy as a Hugging Face directory (loadable by load_policy)
+    checkpoints/step-000010/model/     the policy as a Hugging Face directory (loadable by load_policy);
+                                       a multi-agent run adds model-<actor>/ for each agent with its own model
     checkpoints/latest                 the name of the newest complete checkpoint
 
 Every checkpoint is written into a temporary directory and renamed into place, and `latest` is
@@ -40,8 +41,11 @@ def save_checkpoint(trainer, run_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         torch.save(trainer.state_dict(), tmp / "state.pt")
-        trainer.model.save_pretrained(tmp / "model")
-        trainer.tokenizer.save_pretrained(tmp / "model")
+        models = trainer.export_models() if hasattr(trainer, "export_models") else \
+            {"model": (trainer.model, trainer.tokenizer)}
+        for directory, (model, tokenizer) in models.items():
+            model.save_pretrained(tmp / directory)
+            tokenizer.save_pretrained(tmp / directory)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

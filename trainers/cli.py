@@ -143,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     from trainers.cli_judges import add_judges_parser
+    from trainers.cli_run import add_run_parser
 
+    add_run_parser(commands)
     add_judges_parser(commands)
     return parser
 

@@ -11,22 +11,19 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 
 from marl.types import Task
 from trainers.safeguards import (DifficultyBuckets, apply_floor_reward, collapse_alarm, diversity_penalties,
                                  group_self_bleu)
-from trainers.sampling import (Completions, completion_logprobs, decode_completions, encode_prompts,
-                               sample_completions)
+from trainers.sampling import Completions, decode_completions, encode_prompts, sample_completions
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 SCALE_MODES = ("group", "batch", "none")
@@ -354,6 +351,8 @@ class GRPOTrainer:
 
     def __init__(self, model, tokenizer, tasks: Sequence[Task], reward_fn: RewardFn,
                  config: GRPOConfig | None = None, *, progress_fn: ProgressFn | None = None):
+        from trainers.learner import PolicyLearner
+
         self.config = config = config or GRPOConfig()
         if not tasks:
             raise ValueError("GRPOTrainer needs at least one task")
@@ -363,18 +362,23 @@ class GRPOTrainer:
         self.model = model.eval()  # eval mode: no dropout, so sampling and training forwards agree
         self.tokenizer, self.reward_fn, self.progress_fn = tokenizer, reward_fn, progress_fn
         self.tasks = {task.id: task for task in tasks}
-        self.reference = _frozen_copy(model) if config.beta != 0 else None
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
-                                           eps=config.adam_eps, weight_decay=config.weight_decay,
-                                           fused=True)  # one kernel for all tensors: ~3x faster than the loop
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+        self.learner = PolicyLearner(model, config)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.buckets = DifficultyBuckets([t.id for t in tasks], [_heuristic_difficulty(t) for t in tasks],
                                          n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
                                          seed=config.seed)
-        self.spikes = SpikeGuard(config.spike_factor, config.spike_window, watch_loss=config.spike_on_loss)
         self.step_count = 0
-        self.totals = {"skipped_spikes": 0, "masked_rewards": 0, "floored_groups": 0, "collapse_alarms": 0}
+        self.totals = {"masked_rewards": 0, "floored_groups": 0, "collapse_alarms": 0}
+
+    @property
+    def reference(self):
+        """The frozen KL reference (None when beta = 0)."""
+        return self.learner.reference
+
+    @property
+    def spikes(self) -> SpikeGuard:
+        """The learner's spike guard."""
+        return self.learner.spikes
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
@@ -433,72 +437,10 @@ class GRPOTrainer:
         return ((completions.logprobs * completions.completion_mask).sum(-1) / lengths).tolist()
 
     def _update(self, completions: Completions, advantages: torch.Tensor) -> dict[str, float]:
-        """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats."""
-        cfg = self.config
-        compact = self._compact_batch(completions, advantages)
-        if compact is None:  # every advantage is 0: no gradient, but keep the optimizer's clock
-            self.optimizer.zero_grad(set_to_none=False)
-            self._optimizer_step(skip=False)
-            return {"loss": 0.0, "grad_norm": 0.0, "kl": None, "clip_fraction": 0.0, "trained_rows": 0}
-        rows, row_adv, weights, scale = compact
-        old = None if cfg.mu == 1 else _no_grad_logprobs(self.model, rows, cfg.temperature)
-        ref = None if self.reference is None else _no_grad_logprobs(self.reference, rows, cfg.temperature)
-        for _ in range(cfg.mu):
-            logprobs = completion_logprobs(self.model, rows, cfg.temperature)
-            loss, stats = policy_loss(logprobs, old, ref, row_adv, rows.completion_mask, loss_type=cfg.loss_type,
-                                      epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                                      max_completion_length=cfg.max_new_tokens, row_weights=weights)
-            loss = loss * scale
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm, foreach=True).item()
-            self._optimizer_step(skip=self.spikes.is_spike(loss.item(), grad_norm))
-        return {"loss": loss.item(), "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
-                "trained_rows": rows.completion_ids.size(0)}
+        return self.learner.update(completions, advantages)
 
     def _compact_batch(self, completions: Completions, advantages: torch.Tensor):
-        """The rows worth a forward and backward pass, with weights that keep the loss exact.
-
-        Two exact savings: (1) with beta = 0 a row whose advantage is 0 has zero loss and gradient, so
-        it is dropped; (2) rows with the same prompt, the same completion tokens and the same advantage
-        have identical losses, so each is run once with its multiplicity as row weight (short answers
-        repeat a lot within a group). `scale` rescales the compact loss to the full batch's normaliser.
-        Returns (rows, advantages, weights, scale), or None when no row carries a gradient.
-        """
-        lengths = completions.completion_mask.sum(-1).tolist()
-        first_of: dict[tuple, int] = {}
-        counts: list[int] = []
-        for row, (prompt, tokens, adv, length) in enumerate(zip(
-                completions.prompt_index.tolist(), completions.completion_ids.tolist(), advantages.tolist(), lengths)):
-            if adv == 0 and self.config.beta == 0:
-                continue
-            key = (prompt, tuple(tokens[:length]), adv)
-            if key in first_of:
-                counts[first_of[key][1]] += 1
-            else:
-                first_of[key] = (row, len(counts))
-                counts.append(1)
-        if not counts:
-            return None
-        keep = torch.tensor([row for row, _ in first_of.values()])
-        weights = torch.tensor(counts, dtype=torch.float32)
-        rows = _select_rows(completions, keep)
-        if self.config.loss_type in ("dapo", "bnpo"):
-            kept = (weights * rows.completion_mask.sum(-1)).sum().item()
-            scale = kept / max(1, sum(lengths))
-        else:  # grpo and dr_grpo divide by the number of sequences
-            scale = weights.sum().item() / len(lengths)
-        return rows, advantages[keep], weights, scale
-
-    def _optimizer_step(self, skip: bool) -> None:
-        if skip:
-            self.totals["skipped_spikes"] += 1
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-        with warnings.catch_warnings():  # a skipped first step makes torch warn about the call order
-            warnings.simplefilter("ignore", UserWarning)
-            self.scheduler.step()
+        return self.learner.compact_batch(completions, advantages)
 
     def _record_pass_rates(self, tasks: Sequence[Task], rewards: Sequence[float]) -> None:
         """Feed each task's observed pass rate (mean raw reward clipped to [0, 1]) to the bucket sampler."""
@@ -516,11 +458,11 @@ class GRPOTrainer:
             "train/frac_zero_std": zero_std_group_fraction(rewards, self.config.group_size),
             "train/loss": update["loss"], "train/grad_norm": update["grad_norm"],
             "train/clip_fraction": update["clip_fraction"], "train/trained_rows": update["trained_rows"],
-            "train/entropy": _masked_mean(completions.entropy, completions.completion_mask),
+            "train/entropy": masked_mean(completions.entropy, completions.completion_mask),
             "train/completion_length": completions.completion_mask.sum(-1).float().mean().item(),
             "train/truncated_fraction": completions.truncated.float().mean().item(),
-            "train/lr": self.scheduler.get_last_lr()[0], "train/bucket": bucket,
-            "guard/masked_rewards": masked, "guard/skipped_spikes_total": self.totals["skipped_spikes"],
+            "train/lr": self.learner.lr(), "train/bucket": bucket,
+            "guard/masked_rewards": masked, "guard/skipped_spikes_total": self.learner.skipped_spikes,
             **guards, **times,
         }
         if update["kl"] is not None:
@@ -546,35 +488,19 @@ class GRPOTrainer:
         """Everything a resumed run needs to continue exactly like an uninterrupted one."""
         return {
             "step": self.step_count, "totals": dict(self.totals), "config": asdict(self.config),
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
+            "learner": self.learner.state_dict(), "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
             "buckets": self.buckets.state_dict(),
-            "spikes": {"grad_norms": list(self.spikes.grad_norms), "losses": list(self.spikes.losses)},
-            "reference": None if self.reference is None else self.reference.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()`; the trainer must have been built with the same config and tasks."""
         self.step_count, self.totals = state["step"], dict(state["totals"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.learner.load_state_dict(state["learner"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         self.buckets.load_state_dict(state["buckets"])
-        self.spikes.grad_norms, self.spikes.losses = list(state["spikes"]["grad_norms"]), list(state["spikes"]["losses"])
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
-
-
-def _frozen_copy(model):
-    """A frozen deep copy of the policy, the KL reference (built only when beta != 0)."""
-    reference = copy.deepcopy(model).eval()
-    for parameter in reference.parameters():
-        parameter.requires_grad_(False)
-    return reference
 
 
 def _heuristic_difficulty(task: Task) -> float:
@@ -582,15 +508,6 @@ def _heuristic_difficulty(task: Task) -> float:
     return float(task.difficulty) if task.difficulty is not None else float(len(task.prompt))
 
 
-@torch.no_grad()
-def _no_grad_logprobs(model, completions: Completions, temperature: float) -> torch.Tensor:
-    return completion_logprobs(model, completions, temperature)
-
-
-def _select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
-    """The sub-batch of the given rows (a boolean mask or indices)."""
-    return Completions(**{f.name: getattr(completions, f.name)[rows] for f in fields(Completions)})
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of `values` over the positions where `mask` is 1."""
     return ((values * mask).sum() / mask.sum().clamp(min=1)).item()

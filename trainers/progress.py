@@ -29,10 +29,18 @@ class ProgressPrinter:
         filled = int(width * self.done / max(1, self.total))
         line = (f"[{'#' * filled}{'.' * (width - filled)}] step {self.done}/{self.total} | "
                 f"reward {metrics.get('train/reward', float('nan')):.3f} | "
-                f"zero-std {metrics.get('train/frac_zero_std', float('nan')):.2f} | "
+                f"{self._second_figure(metrics)} | "
                 f"{per_step:.3f} s/step | eta {eta:4.0f}s")
         if self.interactive:
             end = "\n" if self.done >= self.total else ""
             print("\r" + line, end=end, flush=True)
         elif self.done % self.every == 0 or self.done >= self.total:
             self.log(line)
+
+    @staticmethod
+    def _second_figure(metrics: dict) -> str:
+        """Team success for multi-agent runs, else the share of zero-std groups."""
+        if "train/team_success" in metrics:
+            stage = f" | {metrics['train/stage_name']}" if "train/stage_name" in metrics else ""
+            return f"team success {metrics['train/team_success']:.3f}{stage}"
+        return f"zero-std {metrics.get('train/frac_zero_std', float('nan')):.2f}"

@@ -265,3 +265,44 @@ def decode_completions(tokenizer, completions: Completions) -> list[str]:
         kept = [t for t, m in zip(ids, mask) if m]
         texts.append(tokenizer.decode(kept, skip_special_tokens=True))
     return texts
+
+
+def select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
+    """The sub-batch of the given rows (a boolean mask or indices)."""
+    from dataclasses import fields
+
+    return Completions(**{f.name: getattr(completions, f.name)[rows] for f in fields(Completions)})
+
+
+def concat_completions(batches: list[Completions]) -> Completions:
+    """Stack batches sampled separately (different prompt and completion widths) into one batch.
+
+    Prompts stay left-padded and completions right-padded; `prompt_index` is offset so that rows of
+    different batches never share a prompt.
+    """
+    if not batches:
+        raise ValueError("concat_completions needs at least one batch")
+    prompt_width = max(b.prompt_ids.size(1) for b in batches)
+    completion_width = max(b.completion_ids.size(1) for b in batches)
+    pad_id = int(batches[0].prompt_ids[batches[0].prompt_mask == 0].flatten()[:1].tolist()[0]) \
+        if (batches[0].prompt_mask == 0).any() else 0
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in Completions.__dataclass_fields__}
+    offset = 0
+    for b in batches:
+        left = prompt_width - b.prompt_ids.size(1)
+        right = completion_width - b.completion_ids.size(1)
+        parts["prompt_ids"].append(torch.nn.functional.pad(b.prompt_ids, (left, 0), value=pad_id))
+        parts["prompt_mask"].append(torch.nn.functional.pad(b.prompt_mask, (left, 0), value=0))
+        completion_pad = _completion_pad_id(b)
+        parts["completion_ids"].append(torch.nn.functional.pad(b.completion_ids, (0, right), value=completion_pad))
+        for name in ("completion_mask", "logprobs", "entropy"):
+            parts[name].append(torch.nn.functional.pad(getattr(b, name), (0, right), value=0))
+        parts["truncated"].append(b.truncated)
+        parts["prompt_index"].append(b.prompt_index + offset)
+        offset += int(b.prompt_index.max().item()) + 1 if b.prompt_index.numel() else 0
+    return Completions(**{name: torch.cat(tensors) for name, tensors in parts.items()})
+
+
+def _completion_pad_id(batch: Completions) -> int:
+    padding = batch.completion_ids[batch.completion_mask == 0]
+    return int(padding[0].item()) if padding.numel() else 0

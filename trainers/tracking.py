@@ -26,6 +26,10 @@ STEP_METRICS = (
     ("credit/*", "train/step"),
     ("guard/*", "train/step"),
     ("bucket/*", "train/step"),
+    ("policy/*", "train/step"),
+    ("judge/*", "train/step"),
+    ("selfplay/*", "train/step"),
+    ("time/*", "train/step"),
 )
 
 Cell = str | int | float

@@ -1,0 +1,228 @@
+"""`marl run`: the multi-agent main job end to end on the tiny model (real torch, real W&B offline)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainers.cli import main
+
+SMALL = ["train.prompts_per_step=2", "train.group_size=4", "tasks.count=60", "tasks.eval_count=8",
+         "train.warmup.rl_steps=0", "train.checkpoint_every=1"]
+
+
+def _settings(*extra: str) -> list[str]:
+    args = []
+    for item in SMALL + list(extra):
+        args += ["--set", item]
+    return args
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _parameters(directory: Path) -> dict[str, torch.Tensor]:
+    from trainers.tinylm import load_policy
+
+    model, _ = load_policy(directory)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _changed(before: dict, after: dict) -> bool:
+    return any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_two_step_run_trains_every_policy_and_logs_to_wandb(demo_model_dir, tmp_path, monkeypatch):
+    from wandb_reader import read_offline_run, table_rows
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    code = main(["run", "relay", *_settings("train.steps=2", "agents.0.policy=own"), "--out", str(out),
+                 "--tracker", "wandb"])
+    assert code == 0
+    base = _parameters(demo_model_dir)
+    checkpoint = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    assert _changed(base, _parameters(checkpoint / "model"))        # the shared policy (right, final)
+    assert _changed(base, _parameters(checkpoint / "model-left"))   # left's own copy
+
+    run, files = read_offline_run(out)
+    history = [row for row in run["history"] if "train/reward" in row]
+    assert [row["train/step"] for row in history] == [1, 2]
+    for key in ("train/team_success", "train/agent/left/reward", "train/agent/final/reward", "credit/left/mean",
+                "policy/shared/loss", "policy/left/loss", "guard/self_bleu", "judge/masked_episodes"):
+        assert all(key in row for row in history), key
+    assert ("policy/*", "train/step") in {(m["name"], m["step_metric"]) for m in run["metrics"]}
+
+    columns, rows = table_rows(run, files, "credit")
+    assert columns == ["step", "episode", "task", "agent", "credit", "stderr", "team_reward", "method"]
+    agents: dict = {}
+    for step, episode, _, agent, _, _, _, method in rows:
+        assert method.startswith("shapley")
+        agents.setdefault((step, episode), []).append(agent)
+    assert {step for step, _ in agents} == {2}  # tables every TABLE_EVERY steps and at the last one
+    assert all(sorted(names) == ["final", "left", "right"] for names in agents.values())
+    columns, samples = table_rows(run, files, "samples")
+    assert {"observation", "message", "advantage", "credit"} <= set(columns)
+    assert {row[columns.index("agent")] for row in samples} == {"left", "right", "final"}
+
+    report = (out / "report.md").read_text()
+    assert "Held-out evaluation" in report and "team_success" in report and "masked reward" in report
+    assert (out / "plots" / "reward.png").exists()
+    before, after = (json.loads((out / name).read_text()) for name in ("before.json", "after.json"))
+    assert 0 <= before["team_success"] <= 1 and 0 <= after["team_success"] <= 1
+
+
+def test_credit_table_is_efficient(demo_model_dir, tmp_path):
+    """Shapley credits of every logged episode add up to v(everyone) - v(nobody) = the team reward."""
+    out = tmp_path / "run"
+    assert main(["run", "relay", *_settings("train.steps=1"), "--out", str(out), "--tracker", "jsonl"]) == 0
+    rows = _rows(out / "tables" / "credit.jsonl")
+    totals: dict = {}
+    for row in rows:
+        key = (row["step"], row["episode"], row["team_reward"])
+        totals[key] = totals.get(key, 0.0) + row["credit"]
+    assert totals
+    for (_, _, team), total in totals.items():
+        assert total == pytest.approx(team, abs=1e-9)
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(demo_model_dir, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["run", "relay", *_settings("train.steps=4"), "--out", str(straight), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_settings("train.steps=2"), "--out", str(split), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_settings("train.steps=4"), "--out", str(split), "--tracker", "none",
+                 "--resume"]) == 0
+    expected, got = _comparable(_rows(straight / "metrics.jsonl")), _comparable(_rows(split / "metrics.jsonl"))
+    assert [row["train/step"] for row in got] == [1, 2, 3, 4]
+    assert got == expected
+
+
+def test_sigint_writes_a_checkpoint_and_resume_loses_no_step(demo_model_dir, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "trainers.cli", "run", "relay", *_settings("train.steps=400"),
+               "--out", str(out), "--tracker", "none"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not metrics.exists() or len(_rows(metrics)) < 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "checkpoint written at step" in output and "Traceback" not in output
+    stopped = int((out / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    assert stopped >= 3
+    assert main(["run", "relay", *_settings(f"train.steps={stopped + 1}"), "--out", str(out), "--tracker", "none",
+                 "--resume"]) == 0
+    assert [row["train/step"] for row in _rows(metrics)] == list(range(1, stopped + 2))
+
+
+def test_a_run_directory_is_never_overwritten(demo_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "relay", *_settings("train.steps=1"), "--out", str(out), "--tracker", "none"]) == 0
+    before = (out / "metrics.jsonl").read_text()
+    assert main(["run", "relay", *_settings("train.steps=1"), "--out", str(out), "--tracker", "none"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_invalid_scenario_stops_before_any_model_is_built(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    relay = (Path(__file__).parents[1] / "scenarios" / "relay.yaml").read_text()
+    bad.write_text(relay.replace("group_size: 8", "group_sise: 8"))
+    out = tmp_path / "run"
+    assert main(["run", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:" in err and "group_sise" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def _race_scenario(tmp_path: Path) -> Path:
+    """A competitive scenario the addition model can play: both agents answer; the correct one wins."""
+    path = tmp_path / "race.yaml"
+    path.write_text("""
+name: race
+mode: competitive
+agents:
+  - {name: first, observation: "{prompt}", max_tokens: 4}
+  - {name: second, observation: "{prompt}", max_tokens: 4}
+graph: {order: schedule, schedule: [[first, second]]}
+tasks:
+  inline:
+""" + "".join(f"    - {{prompt: '{a}+{b}=', answer: '{a + b}'}}\n" for a, b in
+              [(12, 35), (47, 19), (23, 58), (66, 27), (31, 44), (18, 29), (52, 39), (74, 17)]) + """
+rewards:
+  outcome: [{kind: exact}]
+train:
+  stages: [main]
+  selfplay: {snapshot_every: 1, self_play_fraction: 0.0, strategy: latest}
+""")
+    return path
+
+
+def test_self_play_trains_against_frozen_snapshots_and_logs_ratings(demo_model_dir, tmp_path):
+    from trainers.run import RunOptions, prepare
+
+    options = RunOptions(str(_race_scenario(tmp_path)), ["train.group_size=4", "train.prompts_per_step=2"])
+    _, _, _, trainer = prepare(options, log=lambda *_: None)
+    assert trainer.pool is not None and set(trainer.learners) == {"shared"}
+    learner, opponent = trainer.actors["shared"].model, trainer.actors["opponent"].model
+    start = {name: p.detach().clone() for name, p in learner.named_parameters()}
+    metrics = [trainer.step() for _ in range(3)]
+    assert all(m["selfplay/against_snapshot"] == 1.0 for m in metrics)
+    assert [m["selfplay/pool_size"] for m in metrics] == [2, 3, 4]
+    assert all("selfplay/rating/learner" in m for m in metrics)
+    assert not any(p.requires_grad for p in opponent.parameters())
+    assert _changed(start, {name: p.detach() for name, p in learner.named_parameters()})
+    seats = {tuple(sorted(e.job.seats.items())) for e in trainer.last_batch[0].episodes}
+    assert seats <= {(("first", "opponent"),), (("second", "opponent"),)}
+    assert not math.isnan(metrics[-1]["selfplay/rating/learner"])
+
+
+def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_dir, tmp_path):
+    import itertools
+    import shutil
+
+    import yaml
+    from judge_server import JudgeServer
+
+    scenarios = Path(__file__).parents[1] / "scenarios"
+    shutil.copy(scenarios / "relay_lib.py", tmp_path / "relay_lib.py")
+    calls = itertools.count()
+
+    def flaky(body):  # every other request fails once training has started (the first 8 are the eval)
+        n = next(calls)
+        return ("ok", "Rating: [[8]]") if n < 8 or n % 2 else ("status", 400)
+
+    with JudgeServer(default=flaky) as server:
+        spec = yaml.safe_load((scenarios / "relay.yaml").read_text())
+        spec["judges"] = [{"name": "critic", "backend": "openai", "model": "judge", "base_url": server.url,
+                           "api_key_env": "NO_SUCH_KEY", "timeout_s": 5}]
+        spec["rewards"]["process"] = [{"kind": "critic"}]
+        spec["train"]["stages"] = ["main"]
+        path = tmp_path / "judged_relay.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        out = tmp_path / "run"
+        assert main(["run", str(path), *_settings("train.steps=2"), "--out", str(out), "--tracker", "none"]) == 0
+    rows = _rows(out / "metrics.jsonl")
+    assert [row["train/step"] for row in rows] == [1, 2]
+    masked = rows[-1]["judge/masked_total"]
+    assert masked == sum(row["judge/masked_episodes"] for row in rows) and 0 < masked < 16
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["masked_episodes"] == masked
+    assert f"{masked} of 16 training episodes had a masked reward" in (out / "report.md").read_text()

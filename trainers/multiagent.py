@@ -1,0 +1,426 @@
+"""Multi-agent GRPO on a scenario, top to bottom: play -> score -> credit -> guards -> advantages -> update.
+
+One `MultiAgentTrainer.step()`:
+
+1. draw `prompts_per_step` tasks from one difficulty bucket; play each `group_size` times, all episodes
+   in lockstep (`trainers.episodes.EpisodePlayer`: one batched generate per actor per turn);
+2. per-agent rewards: in cooperative scenarios the team reward is split by the scenario's `credit`
+   section from counterfactual replays of each episode (common random numbers: unchanged inputs keep
+   their recorded sample); in competitive ones each agent's zero-sum reward is its own;
+3. safeguards per agent: Self-BLEU of each group of that agent's messages, diversity penalty, floor
+   reward when a whole group failed (cooperative); masked rewards (a judge failure) stay NaN;
+4. role-conditioned advantages: each agent's rewards are normalised within its own task group, and
+   every turn the agent took in that episode becomes a sample (observation -> message, advantage);
+5. one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents' samples).
+
+Self-play (competitive scenarios, `train.selfplay`): on a share of steps the learner plays against a
+snapshot from an `OpponentPool` instead of itself, taking alternate seats per task; each episode's
+result updates the ratings, and a snapshot joins the pool every `snapshot_every` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from marl.types import Task
+from trainers.episodes import EpisodeJob, EpisodePlayer, masked_team_reward
+
+OPPONENT = "opponent"
+
+
+class MultiAgentTrainer:
+    """GRPO for every trainable actor of a scenario (see the module docstring)."""
+
+    def __init__(self, scenario, actors: dict, seats: dict[str, str], tasks: list[Task], config, *,
+                 selfplay: bool = False, log=print):
+        from trainers.learner import PolicyLearner
+        from trainers.safeguards import DifficultyBuckets
+
+        if not tasks:
+            raise ValueError(f"scenario {scenario.spec.name!r} has no training tasks")
+        self.scenario, self.spec, self.config, self.log = scenario, scenario.spec, config, log
+        self.agents = list(scenario.agent_names)
+        self.actors, self.seats = actors, seats
+        torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.learners = {name: PolicyLearner(actor.model, config) for name, actor in actors.items()
+                         if actor.trainable and hasattr(actor, "model")}
+        if not self.learners:
+            raise ValueError(f"scenario {scenario.spec.name!r} has no trainable agent: give at least one agent "
+                             "a model policy ('shared', 'own' or a model directory) with trainable: true")
+        credit = self.spec.credit
+        default = scenario.resolve(credit.default_policy) if credit.default_policy else None
+        self.player = EpisodePlayer(scenario, actors, seats, default_policy=default)
+        self.tasks = {task.id: task for task in tasks}
+        self.buckets = DifficultyBuckets([t.id for t in tasks], [_difficulty(t) for t in tasks],
+                                         n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
+                                         seed=config.seed)
+        self.rng = random.Random(config.seed)
+        self.pool = self._opponent_pool() if selfplay else None
+        self.step_count = 0
+        self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
+                       "episodes": 0}
+        self.last_batch = None
+
+    # -- one step, top to bottom ------------------------------------------------------------------
+
+    def step(self, *, prefix: dict[str, str] | None = None, tasks: list[Task] | None = None,
+             reward_transform=None, lr_scale: float = 1.0) -> dict[str, float]:
+        """One multi-agent GRPO step; returns its metrics.
+
+        Stages steer it with: `tasks` (instead of the bucket draw), `prefix` (task id -> text put before
+        every observation), `reward_transform(episode, agent, reward) -> reward` and `lr_scale`.
+        """
+        started = time.perf_counter()
+        bucket, tasks = self._draw_tasks(tasks)
+        opponent = self._pick_opponent()
+        jobs = self._jobs(tasks, opponent, prefix or {})
+        batch = self.player.play(jobs)
+        played = time.perf_counter()
+        rewards, credits = self._agent_rewards(batch, reward_transform)
+        rewards, guards = self._apply_safeguards(batch, rewards)
+        advantages = self._role_advantages(rewards)
+        scored = time.perf_counter()
+        updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale)
+                   for name, learner in self.learners.items() if self._has_samples(batch, name)}
+        self._record_results(tasks, batch, opponent)
+        self.step_count += 1
+        self.last_batch = (batch, rewards, advantages, credits)
+        times = {"time/play": played - started, "time/credit": scored - played,
+                 "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
+        return self._metrics(batch, rewards, credits, bucket, guards, updates, times, opponent)
+
+    def _draw_tasks(self, tasks):
+        if tasks is not None:
+            return -1, list(tasks)
+        bucket, ids = self.buckets.sample_batch(self.config.prompts_per_step)
+        return bucket, [self.tasks[i] for i in ids]
+
+    def _jobs(self, tasks: list[Task], opponent, prefix: dict[str, str]) -> list[EpisodeJob]:
+        """G jobs per task with distinct seeds; against an opponent the learner's seat alternates per task."""
+        g, jobs = self.config.group_size, []
+        for index, task in enumerate(tasks):
+            seats = {}
+            if opponent is not None:
+                learner_seat = self.agents[(self.step_count + index) % len(self.agents)]
+                seats = {agent: OPPONENT for agent in self.agents if agent != learner_seat}
+            for member in range(g):
+                seed = self.config.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
+                jobs.append(EpisodeJob(task, seed, seats=seats, prefix=prefix.get(task.id, "")))
+        return jobs
+
+    def _agent_rewards(self, batch, reward_transform):
+        """(episodes x agents) rewards and credit estimates (None where credit does not apply)."""
+        cooperative = self.spec.mode == "cooperative"
+        credits = episode_credits(self.player, batch.episodes, self.spec.credit) if cooperative else None
+        rows = []
+        for index, episode in enumerate(batch.episodes):
+            if credits is not None:
+                row = {a: credits[index].values[a] if credits[index] is not None else math.nan for a in self.agents}
+            else:
+                row = {a: episode.rewards.get(a, math.nan) for a in self.agents}
+            if reward_transform is not None:
+                row = {a: reward_transform(episode, a, r) for a, r in row.items()}
+            rows.append(row)
+        return rows, credits
+
+    def _apply_safeguards(self, batch, rewards):
+        """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative)."""
+        from trainers.safeguards import apply_floor_reward, collapse_alarm, diversity_penalties, group_self_bleu
+
+        cfg, g = self.config, self.config.group_size
+        bleus, penalised, floored, alarms = [], 0, 0, 0
+        for agent in self.agents:
+            texts = [" ".join(t.text for t in e.turns if t.agent == agent) for e in batch.episodes]
+            column = [row[agent] for row in rewards]
+            group_bleu = group_self_bleu(texts, g)
+            bleus += group_bleu
+            alarms += collapse_alarm(group_bleu, cfg.collapse_threshold)
+            if cfg.diversity_penalty > 0:
+                penalties = diversity_penalties(texts, g, threshold=cfg.diversity_threshold,
+                                                penalty=cfg.diversity_penalty)
+                penalised += sum(p > 0 for p in penalties)
+                column = [r - p for r, p in zip(column, penalties)]
+            if cfg.floor_reward > 0 and self.spec.mode == "cooperative":
+                column, count = apply_floor_reward(column, g, self._progress(batch, agent), cfg.floor_reward)
+                floored += count
+            for row, value in zip(rewards, column):
+                row[agent] = value
+        self.totals["floored_groups"] += floored
+        self.totals["collapse_alarms"] += alarms
+        return rewards, {"guard/self_bleu": statistics.fmean(bleus), "guard/collapse_alarms": alarms,
+                         "guard/diversity_penalised": penalised, "guard/floored_groups": floored}
+
+    def _progress(self, batch, agent: str) -> list[float]:
+        """Partial progress of an agent per episode: the mean token logprob of its sampled messages."""
+        values = []
+        for episode in batch.episodes:
+            scores = []
+            for turn in episode.turns:
+                if turn.agent == agent and turn.actor is not None:
+                    rows = batch.generations[turn.actor][turn.batch]
+                    mask = rows.completion_mask[turn.row]
+                    scores.append(((rows.logprobs[turn.row] * mask).sum() / mask.sum().clamp(min=1)).item())
+            values.append(statistics.fmean(scores) if scores else -math.inf)
+        return values
+
+    def _role_advantages(self, rewards) -> dict[str, list[float]]:
+        """Each agent's rewards normalised within its task groups (role-conditioned GRPO advantages)."""
+        from trainers.grpo import group_advantages
+
+        advantages = {}
+        for agent in self.agents:
+            column = torch.tensor([row[agent] for row in rewards], dtype=torch.float64)
+            advantages[agent] = group_advantages(column, self.config.group_size, self.config.scale_rewards).tolist()
+        return advantages
+
+    def _has_samples(self, batch, actor: str) -> bool:
+        return bool(batch.generations.get(actor))
+
+    def _samples(self, batch, actor: str, advantages):
+        """The actor's sampled turns as one Completions batch with each turn's advantage."""
+        from trainers.sampling import concat_completions, select_rows
+
+        offsets, total = [], 0
+        for rows in batch.generations[actor]:
+            offsets.append(total)
+            total += rows.completion_ids.size(0)
+        index, values = [], []
+        for e, episode in enumerate(batch.episodes):
+            for turn in episode.turns:
+                if turn.actor == actor:
+                    index.append(offsets[turn.batch] + turn.row)
+                    values.append(advantages[turn.agent][e])
+        merged = concat_completions(batch.generations[actor])
+        return select_rows(merged, torch.tensor(index)), torch.tensor(values, dtype=torch.float32)
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _record_results(self, tasks, batch, opponent) -> None:
+        """Pass rates for the bucket sampler, and match results for the opponent pool."""
+        g = self.config.group_size
+        for index, task in enumerate(tasks):
+            group = [success(e, self.spec.mode) for e in batch.episodes[index * g:(index + 1) * g]]
+            group = [s for s in group if not math.isnan(s)]
+            if group and task.id in self.tasks:
+                self.buckets.update(task.id, statistics.fmean(group))
+        self.totals["episodes"] += len(batch.episodes)
+        self.totals["masked_episodes"] += sum(_masked(e) for e in batch.episodes)
+        if self.pool is not None:
+            self._record_matches(batch, opponent)
+            if (self.step_count + 1) % self.spec.train.selfplay.snapshot_every == 0:
+                self.pool.add_snapshot(self.step_count + 1, _snapshot(self.actors["shared"].model))
+
+    def _metrics(self, batch, rewards, credits, bucket, guards, updates, times, opponent) -> dict[str, float]:
+        episodes = batch.episodes
+        team = [e.team_reward() for e in episodes]
+        valid = [r for r in team if not math.isnan(r)]
+        metrics = {"train/step": self.step_count, "train/bucket": bucket,
+                   "train/reward": statistics.fmean(valid) if valid else math.nan,
+                   "train/team_success": _nanmean([success(e, self.spec.mode) for e in episodes]),
+                   "judge/masked_episodes": sum(_masked(e) for e in episodes),
+                   "judge/masked_total": self.totals["masked_episodes"], **guards, **times}
+        for agent in self.agents:
+            metrics[f"train/agent/{agent}/reward"] = _nanmean([row[agent] for row in rewards])
+        if credits is not None:
+            metrics.update(credit_shares(credits, self.agents))
+            lost = sum(c is None and not _masked(e) for e, c in zip(episodes, credits))
+            self.totals["masked_credit"] += lost
+            metrics["judge/masked_credit"] = lost
+        for name, update in updates.items():
+            for key in ("loss", "grad_norm", "clip_fraction", "trained_rows"):
+                metrics[f"policy/{name}/{key}"] = update[key]
+            if update["kl"] is not None:
+                metrics["train/kl" if len(updates) == 1 else f"policy/{name}/kl"] = update["kl"]
+        if updates:
+            metrics["train/loss"] = statistics.fmean(u["loss"] for u in updates.values())
+        metrics["train/lr"] = next(iter(self.learners.values())).lr()
+        for index, rate in self.buckets.pass_rates().items():
+            metrics[f"bucket/{index}/pass_rate"] = rate
+        if self.pool is not None:
+            metrics.update(self.pool.ratings_metrics())
+            metrics["selfplay/against_snapshot"] = float(opponent is not None)
+        return metrics
+
+    # -- self-play --------------------------------------------------------------------------------
+
+    def _opponent_pool(self):
+        from trainers.learner import frozen_copy
+        from trainers.selfplay import OpponentPool
+
+        settings = self.spec.train.selfplay
+        shared = self.actors.get("shared")
+        if shared is None or not shared.trainable or set(self.seats.values()) != {"shared"}:
+            raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
+                             "train.selfplay.enabled: false or make every agent's policy 'shared'")
+        from trainers.actors import ModelActor
+
+        self.actors[OPPONENT] = ModelActor(OPPONENT, frozen_copy(shared.model), shared.tokenizer, trainable=False,
+                                           temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99)
+        pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
+                            seed=self.config.seed)
+        pool.add_snapshot(0, _snapshot(shared.model))
+        return pool
+
+    def _pick_opponent(self):
+        """None (self-play) or the pool id of the snapshot the learner faces this step."""
+        if self.pool is None or self.rng.random() < self.spec.train.selfplay.self_play_fraction:
+            return None
+        opponent_id, snapshot = self.pool.sample()
+        self.actors[OPPONENT].model.load_state_dict(snapshot)
+        return opponent_id
+
+    def _record_matches(self, batch, opponent) -> None:
+        from trainers.selfplay import match_score
+
+        if opponent is None:
+            return
+        for episode in batch.episodes:
+            learner = [a for a in self.agents if episode.job.seats.get(a) != OPPONENT]
+            others = [a for a in self.agents if a not in learner]
+            if any(math.isnan(episode.rewards.get(a, math.nan)) for a in self.agents):
+                continue
+            self.pool.record(opponent, match_score(episode.rewards, learner, others))
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def export_models(self) -> dict[str, tuple]:
+        """Checkpoint directory name -> (model, tokenizer) of every trainable actor."""
+        return {("model" if name == "shared" else f"model-{name}"): (self.actors[name].model, self.actors[name].tokenizer)
+                for name in self.learners}
+
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue like an uninterrupted one."""
+        return {"step": self.step_count, "totals": dict(self.totals), "config": asdict(self.config),
+                "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
+                "generators": {name: a.generator.get_state() for name, a in self.actors.items()
+                               if hasattr(a, "generator")},
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                "rng": self.rng.getstate(), "buckets": self.buckets.state_dict(),
+                "pool": self.pool.state_dict() if self.pool is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()` (same scenario, actors and config)."""
+        self.step_count, self.totals = state["step"], dict(state["totals"])
+        for name, learner in self.learners.items():
+            learner.load_state_dict(state["learners"][name])
+        for name, generator_state in state["generators"].items():
+            self.actors[name].generator.set_state(generator_state)
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.rng.setstate(_as_tuple_state(state["rng"]))
+        self.buckets.load_state_dict(state["buckets"])
+        if self.pool is not None and state.get("pool") is not None:
+            self.pool.load_state_dict(state["pool"])
+
+
+def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
+    """One CreditEstimate per episode (None when its team reward is masked), from batched replays."""
+    from marl.coalitions import coalitions_needed, estimate_credit
+
+    players = tuple(player.scenario.agent_names)
+    everyone = frozenset(players)
+    needed = [c for c in coalitions_needed(credit, players, player._first.visibility) if c != everyone]
+    tables = [{everyone: e.team_reward()} for e in episodes]
+    _fill_values(player, episodes, tables, needed, credit)
+    estimates = []
+    for episode, table in zip(episodes, tables):
+        if any(math.isnan(v) for v in table.values()):  # a judge failed in the episode or a replay: mask it
+            estimates.append(None)
+            continue
+
+        def value(coalition, table=table, episode=episode):
+            coalition = frozenset(coalition)
+            if coalition not in table:
+                _fill_values(player, [episode], [table], [coalition], credit)
+            return table[coalition]
+
+        try:
+            estimates.append(estimate_credit(credit, value, players, player._first.visibility))
+        except ValueError as error:
+            if "non-finite" not in str(error):
+                raise
+            estimates.append(None)  # a sampled estimator met a failed replay: masked like a failed judge
+    return estimates
+
+
+def _fill_values(player, episodes, tables, coalitions, credit) -> None:
+    """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch."""
+    if not coalitions:
+        return
+    if credit.absent == "mask":
+        for episode, table in zip(episodes, tables):
+            for coalition in coalitions:
+                table[coalition] = masked_team_reward(player.scorer, episode, coalition)
+        return
+    jobs, keys = [], []
+    for e, episode in enumerate(episodes):
+        for coalition in coalitions:
+            for r in range(credit.rollouts):
+                jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
+                                       seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
+                                       reference=episode.reference(), prefix=episode.job.prefix))
+                keys.append((e, coalition))
+    played = player.play(jobs).episodes
+    sums: dict = {}
+    for key, result in zip(keys, played):
+        sums.setdefault(key, []).append(result.team_reward())
+    for (e, coalition), values in sums.items():
+        tables[e][coalition] = statistics.fmean(values)
+
+
+def credit_shares(credits, agents) -> dict[str, float]:
+    """credit/<agent>/share: each agent's summed credit over the batch's total (when it is positive)."""
+    kept = [c for c in credits if c is not None]
+    sums = {a: sum(c.values[a] for c in kept) for a in agents}
+    total = sum(sums.values())
+    metrics = {f"credit/{a}/mean": sums[a] / len(kept) for a in agents} if kept else {}
+    if total > 0:
+        metrics.update({f"credit/{a}/share": sums[a] / total for a in agents})
+    return metrics
+
+
+def success(episode, mode: str) -> float:
+    """Team success of an episode: the outcome layer is fully met (cooperative) or the episode was
+    decided (competitive: someone won); NaN when masked."""
+    if mode == "cooperative":
+        breakdown = episode.breakdown.get("team")
+        if breakdown is None or math.isnan(breakdown.total):
+            return math.nan
+        outcome = breakdown.layers.get("outcome")
+        return float(outcome is not None and outcome >= 1.0)
+    values = list(episode.rewards.values())
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return float(max(values) > min(values) + 1e-9)
+
+
+def _masked(episode) -> bool:
+    return any(math.isnan(v) for v in episode.rewards.values())
+
+
+def _nanmean(values) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else math.nan
+
+
+def _difficulty(task: Task) -> float:
+    return float(task.difficulty) if task.difficulty is not None else float(len(task.prompt))
+
+
+def _snapshot(model) -> dict:
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def _as_tuple_state(state):
+    """random.Random states come back from torch.load as lists; setstate needs tuples."""
+    version, internal, gauss = state
+    return version, tuple(internal), gauss

@@ -1,0 +1,269 @@
+"""`marl run SCENARIO`: train a team of agents on a scenario end to end.
+
+1. load and validate the scenario (a bad file stops here, before any model is built);
+2. build or load the base model (the embedded tiny model, or train.model) and the actors;
+3. measure the held-out team success at temperature 0 (`before.json`);
+4. run the stages (`trainers.stages`): warm-up SFT and low-lr check, main RL, reflection, safety,
+   logging every step to the tracker (W&B offline by default, always a metrics.jsonl mirror),
+   tables of samples and credit every `TABLE_EVERY` steps, checkpoints every train.checkpoint_every
+   steps and on Ctrl-C;
+5. measure again (`after.json`), write summary.json and report.md with plots.
+
+`--resume` continues from the newest complete checkpoint of the run directory, with no step lost or
+repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TABLE_EVERY = 10  # steps between sample / credit tables
+TABLE_ROWS = 24
+
+
+@dataclass
+class RunOptions:
+    """What `marl run` was asked to do (scenario settings come from the YAML and --set)."""
+
+    scenario: str
+    overrides: list[str] = field(default_factory=list)
+    out: str | None = None
+    resume: bool = False
+    tracker: str | None = None  # default: the scenario's train.tracking.tracker
+    cache_dir: str | None = None
+
+
+class RunError(RuntimeError):
+    """The run cannot start as asked (the message says why and what to do)."""
+
+
+def prepare(options: RunOptions, log=print):
+    """Scenario, tasks, actors and trainer of a run (validation first, models after)."""
+    from marl.scenario import load_scenario
+    from trainers.actors import build_actors
+    from trainers.multiagent import MultiAgentTrainer
+
+    scenario = load_scenario(options.scenario, options.overrides)
+    train_tasks, eval_tasks = scenario.split()
+    train = scenario.spec.train
+    base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
+    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
+    config = grpo_config(scenario)
+    selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
+    trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)
+    return scenario, train_tasks, eval_tasks, trainer
+
+
+def grpo_config(scenario):
+    """The GRPO settings of a scenario's `train` section (total steps = every stage's steps)."""
+    from trainers.grpo import GRPOConfig
+    from trainers.stages import stage_plan
+
+    train = scenario.spec.train
+    return GRPOConfig(steps=sum(steps for _, steps in stage_plan(train)), prompts_per_step=train.prompts_per_step,
+                      group_size=train.group_size, max_new_tokens=max(a.max_tokens for a in scenario.spec.agents),
+                      temperature=train.temperature, top_p=train.top_p, lr=train.lr, beta=train.beta,
+                      loss_type=train.loss_type, scale_rewards=train.scale_rewards, mu=train.mu,
+                      buckets=train.buckets, floor_reward=train.floor_reward,
+                      diversity_penalty=train.diversity_penalty, seed=train.seed, threads=train.threads)
+
+
+def _needs_model(scenario) -> bool:
+    return any(agent.policy in ("shared", "own") for agent in scenario.spec.agents)
+
+
+def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
+    """train.model as a directory: a local Hugging Face directory, or the embedded tiny model.
+
+    'tiny' is the addition model of the demo when every character the scenario's expert writes or
+    sees is one it knows (the default relay scenario); otherwise a tiny model with the scenario's
+    own alphabet, warmed up on its expert demonstrations (cached after the first build).
+    """
+    from marl.addition import ALPHABET, addition_splits
+
+    name = scenario.spec.train.model
+    if name != "tiny":
+        path = Path(name) if Path(name).is_absolute() else scenario.base_dir / name
+        if not (path / "config.json").exists():
+            raise RunError(f"train.model: {path} is not a Hugging Face model directory (no config.json); "
+                           "use 'tiny' or a directory written by save_pretrained")
+        return path
+    from trainers.stages import expert_demonstrations
+
+    train_tasks, _ = scenario.split()
+    if scenario.spec.expert is not None:
+        demonstrations = expert_demonstrations(scenario, train_tasks)
+    else:  # no expert: what the tasks show is all we know of the scenario's characters
+        demonstrations = [(task.prompt, task.answer or "") for task in train_tasks]
+    alphabet = sorted({ch for pair in demonstrations for text in pair for ch in text})
+    if set(alphabet) <= set(ALPHABET):
+        from trainers.demo import demo_policy
+
+        return demo_policy(addition_splits(seed=0), cache_dir, log)
+    from trainers.tinylm import TinyLMRecipe, build_or_load_tiny_model
+
+    if scenario.spec.expert is None:
+        raise RunError(f"train.model 'tiny': scenario {scenario.spec.name!r} has no expert, so a tiny model for its "
+                       "characters cannot be warmed up; add `expert: module:function` or set train.model to a "
+                       "Hugging Face model directory")
+
+    spec, warmup = scenario.spec, scenario.spec.train.warmup
+    recipe = TinyLMRecipe(alphabet="".join(alphabet), max_positions=spec.observation_max_chars +
+                          max(a.max_tokens for a in spec.agents) + 2, sft_max_steps=max(1, warmup.sft_max_steps),
+                          sft_lr=warmup.sft_lr, sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)
+    return build_or_load_tiny_model(recipe, demonstrations, None, cache_dir, log)
+
+
+def run_scenario(options: RunOptions, log=print) -> dict:
+    """Run everything (see the module docstring); returns the summary written to OUT/summary.json."""
+    from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.scenario_eval import evaluate_team
+    from trainers.stages import sft_warmup_stage, stage_plan
+
+    scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+    spec, train = scenario.spec, scenario.spec.train
+    out = Path(options.out or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    resumed = _open_run_directory(out, options.resume, latest_checkpoint)
+    plan = stage_plan(train)
+    eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
+    if resumed is not None:
+        load_checkpoint(trainer, resumed)
+        _truncate_metrics(out / "metrics.jsonl", trainer.step_count)
+        log(f"resumed from {resumed} at step {trainer.step_count}")
+    elif "warmup" in train.stages:
+        (out / "warmup.json").write_text(json.dumps(sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)))
+    before = _read_json(out / "before.json") if resumed is not None else None
+    if before is None and eval_tasks:
+        before = evaluate_team(trainer.player, eval_tasks)
+        (out / "before.json").write_text(json.dumps(before))
+    if before:
+        log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
+    tracker = _tracker(options, scenario, out)
+    started = time.perf_counter()
+    try:
+        _train(trainer, plan, train_tasks, tracker, out, log)
+        checkpoint = save_checkpoint(trainer, out)
+        after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
+        (out / "after.json").write_text(json.dumps(after))
+        summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
+        tracker.summary(summary)
+        tracker.log_artifact(checkpoint, name=f"{spec.name}-checkpoint", type="model",
+                             metadata={"train/step": trainer.step_count}, aliases=["latest"])
+    finally:
+        tracker.finish()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    report = _write_report(out, spec, before, after, trainer)
+    if after:
+        log(f"held-out team success after:  {after['team_success']:.3f} "
+            f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f})")
+    log(f"report: {report}")
+    return summary
+
+
+def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
+    """The step loop across stages: log, tables, checkpoints; Ctrl-C writes a checkpoint."""
+    from trainers.checkpoint import save_checkpoint
+    from trainers.progress import ProgressPrinter
+    from trainers.stages import run_stage_step, stage_at
+
+    total = sum(steps for _, steps in plan)
+    progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
+    every = trainer.spec.train.checkpoint_every
+    try:
+        while trainer.step_count < total:
+            stage, within = stage_at(plan, trainer.step_count)
+            metrics = run_stage_step(trainer, stage, within, train_tasks, log)
+            tracker.log(metrics)
+            progress.update(metrics)
+            if trainer.step_count % TABLE_EVERY == 0 or trainer.step_count == total:
+                _log_tables(trainer, tracker)
+            if trainer.step_count % every == 0:
+                save_checkpoint(trainer, out)
+    except KeyboardInterrupt:
+        save_checkpoint(trainer, out)
+        log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
+        raise
+
+
+def _log_tables(trainer, tracker) -> None:
+    """Samples (observation, message, agent, reward, advantage, credit) and per-episode credit."""
+    if trainer.last_batch is None:
+        return
+    batch, rewards, advantages, credits = trainer.last_batch
+    samples, credit_rows = [], []
+    for index, episode in enumerate(batch.episodes[:TABLE_ROWS]):
+        estimate = credits[index] if credits is not None else None
+        for turn in episode.turns:
+            credit = estimate.values[turn.agent] if estimate is not None else None
+            samples.append([trainer.step_count, index, episode.job.task.id, turn.agent, turn.observation, turn.text,
+                            episode.rewards.get(turn.agent), rewards[index][turn.agent],
+                            advantages[turn.agent][index], credit])
+        if estimate is not None:
+            for agent in trainer.agents:
+                credit_rows.append([trainer.step_count, index, episode.job.task.id, agent, estimate.values[agent],
+                                    estimate.stderr.get(agent), episode.team_reward(), estimate.method])
+    tracker.log_table("samples", ["step", "episode", "task", "agent", "observation", "message", "env_reward",
+                                  "reward", "advantage", "credit"], samples)
+    if credit_rows:
+        tracker.log_table("credit", ["step", "episode", "task", "agent", "credit", "stderr", "team_reward",
+                                     "method"], credit_rows)
+
+
+def _open_run_directory(out: Path, resume: bool, latest_checkpoint):
+    if resume and not out.exists():
+        raise RunError(f"--resume: {out} does not exist; pass --out with the run directory to continue")
+    out.mkdir(parents=True, exist_ok=True)
+    resumed = latest_checkpoint(out) if resume else None
+    if resumed is None and latest_checkpoint(out) is not None:
+        raise RunError(f"{out} already holds a run; pass --resume to continue it or --out NEWDIR")
+    if resume and resumed is None:
+        raise RunError(f"--resume: {out} has no complete checkpoint to resume from; run without --resume")
+    return resumed
+
+
+def _tracker(options: RunOptions, scenario, out: Path):
+    from trainers.tracking import JsonlTracker, make_tracker
+
+    kind = options.tracker or scenario.spec.train.tracking.tracker
+    if kind == "none":
+        return JsonlTracker(out)
+    return make_tracker(kind, out, project=scenario.spec.train.tracking.project,
+                        config=scenario.spec.model_dump(mode="json"), name=out.name, group=scenario.spec.name)
+
+
+def _truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop metric rows logged after the checkpoint we resume from, so no step appears twice."""
+    from trainers.report import read_metrics
+
+    if path.exists():
+        rows = [row for row in read_metrics(path) if row["train/step"] <= steps_done]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _summary(trainer, before, after, seconds: float, plan) -> dict:
+    return {"scenario": trainer.spec.name, "steps": trainer.step_count, "stages": plan, "before": before,
+            "after": after, "train_seconds": seconds, "totals": trainer.totals,
+            "masked_episodes": trainer.totals["masked_episodes"]}
+
+
+def _write_report(out: Path, spec, before, after, trainer) -> Path:
+    from trainers.report import write_report
+
+    figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731
+                         k.startswith("agent/")}
+    report = write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after))
+    totals = trainer.totals
+    with report.open("a", encoding="utf-8") as handle:
+        handle.write(f"\n## Judges\n\n{totals['masked_episodes']} of {totals['episodes']} training episodes had a "
+                     "masked reward (a judge or reward failure: advantage 0, never scored 0); "
+                     f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
+                     "judgment failed.\n")
+    return report
