@@ -226,3 +226,34 @@ def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_di
     summary = json.loads((out / "summary.json").read_text())
     assert summary["masked_episodes"] == masked
     assert f"{masked} of 16 training episodes had a masked reward" in (out / "report.md").read_text()
+
+
+def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, tmp_path):
+    """left: its own frozen copy; right: an OpenAI-compatible endpoint; final: the shared trainable model."""
+    from judge_server import JudgeServer
+
+    from trainers.run import RunOptions, prepare
+
+    def adder(body):  # the endpoint answers the addition in its last user message
+        a, b = body["messages"][-1]["content"].rstrip("=").split("+")
+        return ("ok", str(int(a) + int(b)))
+
+    with JudgeServer(default=adder) as server:
+        overrides = ["train.group_size=4", "train.prompts_per_step=2", "agents.0.policy=own",
+                     "agents.0.trainable=false", "agents.1.policy=openai:adder", f"agents.1.base_url={server.url}",
+                     "agents.1.api_key_env=null"]
+        _, _, _, trainer = prepare(RunOptions("relay", overrides), log=lambda *_: None)
+        assert set(trainer.learners) == {"shared"}
+        left = {name: p.detach().clone() for name, p in trainer.actors["left"].model.named_parameters()}
+        final = {name: p.detach().clone() for name, p in trainer.actors["shared"].model.named_parameters()}
+        for _ in range(2):
+            metrics = trainer.step()
+        assert server.requests == 2 * 8  # right speaks once in each of the 8 episodes of both steps
+    episodes = trainer.last_batch[0].episodes
+    rights = [turn for episode in episodes for turn in episode.turns if turn.agent == "right"]
+    assert all(turn.actor is None for turn in rights)  # frozen output is never a training sample
+    a, b = rights[0].observation.rstrip("=").split("+")
+    assert rights[0].text == str(int(a) + int(b))
+    assert not _changed(left, dict(trainer.actors["left"].model.named_parameters()))
+    assert _changed(final, {name: p.detach() for name, p in trainer.actors["shared"].model.named_parameters()})
+    assert "policy/left/loss" not in metrics and "policy/shared/loss" in metrics

@@ -47,13 +47,20 @@ class ModelActor:
 
     def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
         """Sample (or, greedy, decode) one message per request."""
+        import torch
+
         from trainers.sampling import decode_completions, encode_prompts, sample_completions
 
-        ids, mask = encode_prompts(self.tokenizer, [observation or " " for _, observation, _ in requests])
+        prompts = [observation or " " for _, observation, _ in requests]
+        ids, mask = encode_prompts(self.tokenizer, prompts)
         completions = sample_completions(
             self.model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, temperature=self.temperature,
             top_p=self.top_p, greedy=greedy, eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id, generator=self.generator)
+        # rows that saw the same observation (the G episodes of a task at their first turn) share one
+        # prompt: the packed training forward then runs that prompt once for all of them (exact)
+        first_row: dict[str, int] = {}
+        completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
         return Generation(decode_completions(self.tokenizer, completions), completions)
 
 

@@ -229,6 +229,8 @@ class MultiAgentTrainer:
                    "judge/masked_total": self.totals["masked_episodes"], **guards, **times}
         for agent in self.agents:
             metrics[f"train/agent/{agent}/reward"] = _nanmean([row[agent] for row in rewards])
+            if self.spec.mode != "cooperative":
+                metrics[f"train/agent/{agent}/win_rate"] = _nanmean([_won(e, agent) for e in episodes])
         if credits is not None:
             metrics.update(credit_shares(credits, self.agents))
             lost = sum(c is None and not _masked(e) for e, c in zip(episodes, credits))
@@ -401,6 +403,14 @@ def success(episode, mode: str) -> float:
     if any(math.isnan(v) for v in values):
         return math.nan
     return float(max(values) > min(values) + 1e-9)
+
+
+def _won(episode, agent: str) -> float:
+    """1 when the agent's zero-sum reward beats every other agent's, 0 otherwise, NaN when masked."""
+    rewards = episode.rewards
+    if any(math.isnan(v) for v in rewards.values()):
+        return math.nan
+    return float(all(rewards[agent] > value + 1e-9 for other, value in rewards.items() if other != agent))
 
 
 def _masked(episode) -> bool:

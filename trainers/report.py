@@ -40,7 +40,9 @@ PLOTS = (
              r"guard/self_bleu"),
     PlotSpec("pass_rate.png", "Pass rate per difficulty bucket", "pass rate", r"bucket/\d+/pass_rate"),
     PlotSpec("credit.png", "Credit share per agent", "share", r"credit/[^/]+/share"),
-    PlotSpec("kl.png", "KL to the reference policy", "KL", r"train/kl"),
+    PlotSpec("kl.png", "KL to the reference policy", "KL", r"train/kl|policy/[^/]+/kl"),
+    PlotSpec("wins.png", "Win rate per agent (competitive)", "win rate", r"train/agent/[^/]+/win_rate"),
+    PlotSpec("ratings.png", "Self-play ratings", "rating", r"selfplay/rating/learner"),
 )
 
 Series = tuple[list[float], list[float]]

@@ -208,9 +208,22 @@ def _log_tables(trainer, tracker) -> None:
                                     estimate.stderr.get(agent), episode.team_reward(), estimate.method])
     tracker.log_table("samples", ["step", "episode", "task", "agent", "observation", "message", "env_reward",
                                   "reward", "advantage", "credit"], samples)
+    tracker.log_table("judgments", ["step", "episode", "task", "candidate", "layer", "kind", "status", "score",
+                                    "rationale"], _judgment_rows(trainer.step_count, batch.episodes[:TABLE_ROWS]))
     if credit_rows:
         tracker.log_table("credit", ["step", "episode", "task", "agent", "credit", "stderr", "team_reward",
                                      "method"], credit_rows)
+
+
+def _judgment_rows(step: int, episodes) -> list[list]:
+    """Every scorer's verdict (rule verifiers and judges) on the logged episodes."""
+    rows = []
+    for index, episode in enumerate(episodes):
+        for candidate, breakdown in episode.breakdown.items():
+            for component in breakdown.components:
+                rows.append([step, index, episode.job.task.id, candidate, component["layer"], component["kind"],
+                             component["status"], component["score"], (component["rationale"] or "")[:200]])
+    return rows
 
 
 def _open_run_directory(out: Path, resume: bool, latest_checkpoint):
