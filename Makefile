@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m trainers.cli demo $(ARGS)
+	$(PY) -m trainers.cli run relay $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

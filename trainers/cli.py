@@ -142,10 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
     serve.set_defaults(handler=_serve)
 
+    from trainers.cli_eval import add_eval_parser
     from trainers.cli_judges import add_judges_parser
     from trainers.cli_run import add_run_parser
 
     add_run_parser(commands)
+    add_eval_parser(commands)
     add_judges_parser(commands)
     return parser
 

@@ -118,7 +118,7 @@ def failure_reason(episode) -> str:
     for breakdown in episode.breakdown.values():
         for part in breakdown.components:
             if part["layer"] == "outcome" and (part["score"] is None or part["score"] < 1.0):
-                return part["rationale"] or f"{part['kind']} scored {part['score']}"
+                return " ".join((part["rationale"] or f"{part['kind']} scored {part['score']}").split())
     return "the last answer failed"
 
 
@@ -190,8 +190,8 @@ def _credit_summary(player, episodes, first: list[float]) -> dict:
     spec, agents = player.scenario.spec, player.scenario.agent_names
     estimates = episode_credits(player, episodes, spec.credit)
     figures = credit_shares(estimates, agents)
-    per_agent = {agent: {"mean": figures.get(f"credit/{agent}/mean"), "share": figures.get(f"credit/{agent}/share")}
-                 for agent in agents}
+    per_agent = {agent: {"mean": _finite(figures.get(f"credit/{agent}/mean")),
+                         "share": _finite(figures.get(f"credit/{agent}/share"))} for agent in agents}
     successful = [estimate for estimate, ok in zip(estimates, first) if ok == 1.0 and estimate is not None]
     effective = [all(estimate.values[agent] > CREDIT_EPS for agent in agents) for estimate in successful]
     return {"method": spec.credit.method, "absent": spec.credit.absent, "agents": per_agent,
@@ -220,6 +220,10 @@ def _share(values) -> float | None:
 
 def _plain(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
 
 
 def _nanmean(values) -> float:
