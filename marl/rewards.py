@@ -34,6 +34,7 @@ class RewardBreakdown:
     layers: dict[str, float | None]
     components: list[dict[str, Any]] = field(default_factory=list)
     penalties: list[dict[str, Any]] = field(default_factory=list)
+    blend: dict[str, Any] | None = None  # with rewards.blend: source, rule, judge, judge_variance
 
     @property
     def masked(self) -> bool:
@@ -76,21 +77,43 @@ class EpisodeScorer:
     def score_candidate(self, item: Item, transcript: list[dict], tool_calls: list[ToolCallRecord],
                         agent: str | None) -> RewardBreakdown:
         """The layered total for the answer of `agent` (None: no answer, every scorer sees '')."""
-        components, layer_scores = [], {}
+        components, layer_scores, blended = [], {}, None
         for layer in LAYERS:
-            weighted = []
+            weighted, judgments = [], {}
             for index, scorer_spec in enumerate(getattr(self.rewards, layer)):
                 judgment = self._judge(layer, index, scorer_spec, item, transcript, tool_calls, agent)
                 components.append(_component(layer, scorer_spec, judgment))
+                judgments[scorer_spec.kind] = judgment
                 if judgment.ok:
                     weighted.append((scorer_spec.weight, judgment.score))
             layer_scores[layer] = _weighted_mean(weighted) if getattr(self.rewards, layer) else None
+            if layer == "outcome" and self.rewards.blend is not None:
+                layer_scores[layer], blended = self._blended_outcome(item, judgments)
         if layer_scores["outcome"] == 1.0 and layer_scores["process"] == 0.0:
             layer_scores["process"] = self.rewards.process_credit_when_correct
         total = self._layered_total(layer_scores)
         penalties = self._penalties(item, transcript, tool_calls, agent)
         total -= sum(p["amount"] for p in penalties if p["applied"])
-        return RewardBreakdown(total=total, layers=layer_scores, components=components, penalties=penalties)
+        return RewardBreakdown(total=total, layers=layer_scores, components=components, penalties=penalties,
+                               blend=blended)
+
+    def _blended_outcome(self, item: Item, judgments: dict[str, Judgment]) -> tuple[float | None, dict]:
+        """The outcome of `rewards.blend`: the rule applies to tasks with an answer; a failure masks."""
+        from marl.blend import blend_group, judgment_variance
+
+        spec = self.rewards.blend
+        rule = judgments[spec.rule] if item.answer is not None else None
+        judge = judgments[spec.judge]
+        result = blend_group([rule], [judge], mode=spec.mode, weights=spec.weights)[0]
+        variance = judgment_variance(judge, spec.default_variance) if judge.ok else None
+        details = {"source": result.source, "rule": result.rule, "judge": result.judge_raw, "judge_variance": variance}
+        return (None if result.masked else result.value), details
+
+    def total_with_outcome(self, breakdown: RewardBreakdown, outcome: float) -> float:
+        """The breakdown's total had its outcome layer been `outcome` (penalties kept)."""
+        layers = {**breakdown.layers, "outcome": outcome}
+        applied = sum(p["amount"] for p in breakdown.penalties if p["applied"])
+        return self._layered_total(layers) - applied
 
     def _layered_total(self, layer_scores: dict[str, float | None]) -> float:
         total, weights = 0.0, 0.0

@@ -260,6 +260,7 @@ def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     problems = []
     if rewards.answer_from is not None and rewards.answer_from not in names:
         problems.append((("rewards", "answer_from"), f"unknown agent {rewards.answer_from!r} (known: {', '.join(names)})"))
+    problems += _blend_problems(rewards, judge_names)
     for layer in ("outcome", "process", "format", "penalties"):
         for index, scorer in enumerate(getattr(rewards, layer)):
             path = ("rewards", layer, index)
@@ -276,6 +277,25 @@ def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
                 build_scorer(scorer.kind, scorer.params(), scenario.base_dir)
             except (ValueError, TypeError) as error:
                 problems.append((path, f"{scorer.kind}: {error}"))
+    return problems
+
+
+def _blend_problems(rewards, judge_names: set) -> list[tuple[tuple, str]]:
+    """rewards.blend must name one rule verifier and one judge, the outcome layer's only scorers."""
+    blend = rewards.blend
+    if blend is None:
+        return []
+    kinds = [scorer.kind for scorer in rewards.outcome]
+    problems = []
+    if blend.judge not in judge_names:
+        problems.append((("rewards", "blend", "judge"), f"{blend.judge!r} is not a judge under `judges` "
+                                                        f"(judges: {', '.join(sorted(judge_names)) or 'none'})"))
+    if blend.rule in judge_names:
+        problems.append((("rewards", "blend", "rule"), f"{blend.rule!r} is a judge; give a rule verifier kind"))
+    if sorted(kinds) != sorted([blend.rule, blend.judge]):
+        problems.append((("rewards", "outcome"), f"with rewards.blend the outcome layer holds exactly the rule "
+                                                 f"{blend.rule!r} and the judge {blend.judge!r} (it has: "
+                                                 f"{', '.join(kinds) or 'nothing'})"))
     return problems
 
 

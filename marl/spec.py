@@ -127,6 +127,20 @@ class LayerWeights(Strict):
     format: float = Field(0.1, ge=0)
 
 
+class BlendSpec(Strict):
+    """Blend a rule verifier and a model judge of the outcome layer into one outcome score."""
+
+    rule: str = Field(description="kind of the outcome layer's rule verifier (it applies to tasks with an answer)")
+    judge: str = Field(description="name of the outcome layer's judge (from `judges`)")
+    mode: Literal["gate", "sum"] = Field("gate", description="gate: the rule where it applies, the judge "
+                                                            "elsewhere; sum: weighted sum where both decide")
+    weights: tuple[float, float] = Field((1.0, 1.0), description="(rule, judge) weights of mode 'sum'")
+    shrink: bool = Field(True, description="shrink judge-sourced outcomes toward their task group's mean in "
+                                           "proportion to the judge's uncertainty (training, cooperative)")
+    default_variance: float = Field(0.02, ge=0, description="variance of a judge score without label "
+                                                            "probabilities")
+
+
 class RewardsSpec(Strict):
     """How an episode is scored: layered rule verifiers and judges, plus penalties."""
 
@@ -139,6 +153,7 @@ class RewardsSpec(Strict):
     penalties: list[PenaltySpec] = Field(default_factory=list)
     answer_from: str | None = Field(None, description="agent whose last message is the team answer "
                                                       "(default: the last agent to speak)")
+    blend: BlendSpec | None = Field(None, description="blend the outcome layer's rule and judge (see marl.blend)")
     process_credit_when_correct: float = Field(
         1 / 3, ge=0, le=1, description="process score given to a correct answer that shows no process markers")
 

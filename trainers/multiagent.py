@@ -83,6 +83,7 @@ class MultiAgentTrainer:
         opponent = self._pick_opponent()
         jobs = self._jobs(tasks, opponent, prefix or {})
         batch = self.player.play(jobs)
+        shrink_judged_rewards(batch.episodes, self.config.group_size, self.player.scorer, self.spec)
         played = time.perf_counter()
         rewards, credits = self._agent_rewards(batch, reward_transform)
         rewards, guards = self._apply_safeguards(batch, rewards)
@@ -322,6 +323,35 @@ class MultiAgentTrainer:
         self.buckets.load_state_dict(state["buckets"])
         if self.pool is not None and state.get("pool") is not None:
             self.pool.load_state_dict(state["pool"])
+
+
+def shrink_judged_rewards(episodes, group_size: int, scorer, spec) -> int:
+    """With rewards.blend.shrink (cooperative): judge-sourced outcomes move toward their group's mean.
+
+    Within each task group, the outcome of every episode the judge decided becomes m + lambda (s - m),
+    lambda = 1 / (1 + var / var_group) (marl.blend.shrink_to_group_mean), and the episode's team
+    reward is recomputed from it. Rule-decided and masked episodes are untouched. Returns how many
+    rewards changed.
+    """
+    from marl.blend import shrink_to_group_mean
+
+    blend = spec.rewards.blend
+    if blend is None or not blend.shrink or spec.mode != "cooperative":
+        return 0
+    changed = 0
+    for start in range(0, len(episodes), group_size):
+        group = episodes[start:start + group_size]
+        details = [e.breakdown["team"].blend if "team" in e.breakdown else None for e in group]
+        judged = [d["judge"] if d and d["source"] == "judge" else None for d in details]
+        variances = [d["judge_variance"] if d and d["source"] == "judge" else 0.0 for d in details]
+        for episode, raw, (shrunk, factor) in zip(group, judged, shrink_to_group_mean(judged, variances)):
+            if raw is None or factor is None:
+                continue
+            total = scorer.total_with_outcome(episode.breakdown["team"], shrunk)
+            episode.breakdown["team"].blend.update(shrunk=shrunk, shrink=factor)
+            episode.rewards = {agent: total for agent in episode.rewards}
+            changed += 1
+    return changed
 
 
 def episode_credits(player: EpisodePlayer, episodes, credit) -> list:

@@ -270,8 +270,9 @@ def _summary(trainer, before, after, seconds: float, plan) -> dict:
 def _write_report(out: Path, spec, before, after, trainer) -> Path:
     from trainers.report import write_report
 
+    per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
     figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731
-                         k.startswith("agent/")}
+                         (per_agent and k.startswith("agent/"))}
     report = write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after))
     totals = trainer.totals
     with report.open("a", encoding="utf-8") as handle:
