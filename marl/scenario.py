@@ -197,6 +197,8 @@ def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
         got = error.get("input")
         shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
         message = f"{error['msg'].removeprefix('Value error, ')} (got {shown})"
+        if got is None and any(path[:len(p)] == p for p in overridden):
+            message += "; --set values are YAML, where null and ~ mean nothing: quote a word, e.g. KEY=\"'null'\""
     file_label, line, column = _where(path, positions, file, overridden)
     return Problem(file_label, line, column, path, message)
 
@@ -226,9 +228,27 @@ def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
                                  f"or remove it; declared: {', '.join(sorted(tool_names)) or 'none'})"))
     problems += [(("graph",) + p.path, p.message) for p in check_graph(names, spec.graph)]
     problems += _team_problems(spec, names)
+    problems += _policy_problems(scenario)
     problems += _reward_problems(scenario)
     problems += _reference_problems(scenario)
     problems += _template_problems(spec, names)
+    return problems
+
+
+def _policy_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    """Every agent's policy names something that can play it (checked before any model is built)."""
+    problems = []
+    for index, agent in enumerate(scenario.spec.agents):
+        path, policy = ("agents", index, "policy"), agent.policy
+        if policy.startswith("openai:"):
+            if agent.base_url is None:
+                problems.append((("agents", index, "base_url"), f"policy {policy!r} needs base_url (the "
+                                                                "OpenAI-compatible endpoint's URL)"))
+        elif policy in ("shared", "own", "expert", "null", "random") or ":" in policy:
+            continue
+        elif not ((scenario.base_dir / policy) / "config.json").exists():
+            problems.append((path, f"{policy!r} is not shared, own, expert, null, random, module:function, "
+                                   "openai:MODEL or a Hugging Face model directory (no config.json there)"))
     return problems
 
 

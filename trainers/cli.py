@@ -145,9 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     from trainers.cli_eval import add_eval_parser
     from trainers.cli_judges import add_judges_parser
     from trainers.cli_run import add_run_parser
+    from trainers.cli_estimate import add_estimate_parser
 
     add_run_parser(commands)
     add_eval_parser(commands)
+    add_estimate_parser(commands)
     add_judges_parser(commands)
     return parser
 
@@ -205,4 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # under `python -m trainers.cli` this file runs as __main__; the command modules raise
+    # trainers.cli.UsageError, so call the main of that module (whose except clause catches it)
+    from trainers.cli import main as cli_main
+
+    sys.exit(cli_main())
