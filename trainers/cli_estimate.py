@@ -3,42 +3,36 @@
 from __future__ import annotations
 
 import math
-import sys
 
 
 def add_estimate_parser(commands) -> None:
     """Register `marl estimate SCENARIO`."""
+    from trainers.cli_run import add_scenario_arguments
+
     estimate = commands.add_parser(
         "estimate", help="training tokens and a time estimate of `marl run`, from a short measured run")
-    estimate.add_argument("scenario", metavar="SCENARIO", help="scenario file or built-in name (relay, debate, ...)")
-    estimate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                          help="override a scenario key as `marl run` would, e.g. --set train.steps=50 (repeatable)")
+    add_scenario_arguments(estimate)
     estimate.add_argument("--probe-steps", type=int, default=2,
                           help="trainer steps to measure (default 2; with 2 or more the first is left out as "
                                "warm-up); nothing is written to disk")
-    estimate.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
     estimate.set_defaults(handler=estimate_command)
 
 
 def estimate_command(args) -> int:
     """Validate, probe and print the estimate; a bad scenario prints its problems and exits 2."""
-    from marl.scenario import ScenarioError
-    from trainers.cli import UsageError, _quiet_libraries
+    from trainers.cli import _quiet_libraries
+    from trainers.cli_run import report_problems
     from trainers.estimate import estimate_run
-    from trainers.run import RunError, RunOptions
+    from trainers.run import RunOptions
 
     _quiet_libraries()
     options = RunOptions(scenario=args.scenario, overrides=args.set, cache_dir=args.cache_dir)
-    try:
-        figures = estimate_run(options, args.probe_steps, log=lambda message: None)
-    except ScenarioError as error:
-        for problem in error.problems:
-            print(problem, file=sys.stderr)
-        return 2
-    except (RunError, FileNotFoundError, ValueError) as error:
-        raise UsageError(str(error)) from None
-    print(format_estimate(figures))
-    return 0
+
+    def work() -> int:
+        print(format_estimate(estimate_run(options, args.probe_steps, log=lambda message: None)))
+        return 0
+
+    return report_problems(work)
 
 
 def format_estimate(f: dict) -> str:

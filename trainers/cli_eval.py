@@ -17,13 +17,13 @@ from pathlib import Path
 
 def add_eval_parser(commands) -> None:
     """Register `marl eval SCENARIO`."""
+    from trainers.cli_run import add_scenario_arguments
+
     evaluate = commands.add_parser("eval", help="held-out metrics of a checkpoint at temperature 0 (JSON and markdown)")
-    evaluate.add_argument("scenario", metavar="SCENARIO", help="scenario file or built-in name (relay, debate, ...)")
+    add_scenario_arguments(evaluate)
     evaluate.add_argument("--checkpoint", metavar="DIR",
                           help="a run directory (its newest checkpoint) or a checkpoints/step-N directory; "
                                "default: the base model")
-    evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                          help="override a scenario key, e.g. --set tasks.eval_count=50 (repeatable)")
     evaluate.add_argument("--out", metavar="DIR", help="where eval.json and eval.md go (default: the run directory, "
                                                       "else runs/<scenario>-eval)")
     evaluate.add_argument("--tasks", type=int, metavar="N", help="evaluate the first N held-out tasks only")
@@ -32,7 +32,6 @@ def add_eval_parser(commands) -> None:
     evaluate.add_argument("--no-credit", action="store_true", help="skip credit replays (no credit summary, no "
                                                                    "effective reasoning rate)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (task i gets seed + i)")
-    evaluate.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
     evaluate.set_defaults(handler=eval_command)
 
 
