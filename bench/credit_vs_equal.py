@@ -12,22 +12,25 @@ settings (8 prompts x 8 candidates per step, lr 5e-5, DAPO loss, group-scaled ad
 differ only in `credit.method`:
 
     team      the team reward copied to every agent
-    shapley   exact Shapley values over the 3 agents from counterfactual replays, with
-              `credit.absent=resample` (default; `--absent` to change)
+    shapley   exact Shapley values over the 3 agents from counterfactual replays of each episode,
+              with `credit.absent=default_policy` and the scenario's expert as the stand-in
+              (default; `--absent resample` or `--absent null_message` for the other choices)
 
-Why `resample` and not `null_message`. In relay every agent is necessary for the outcome: with
-any agent saying nothing, `final` cannot produce the total. Under `null_message` the only value a
-proper coalition keeps is the format layer, which `final` earns alone by writing any number; so
-`final` gets the format credit and the outcome is split in equal thirds. For `left` that is the team
-outcome scaled by a constant, and group-scaled GRPO advantages are invariant to the scale: it
-cannot separate a learner's contribution from the free rider's noise any better than the team
-reward. With `resample` an absent agent is replaced by a fresh sample of its own policy (a
-marginalising baseline), and present agents keep their recorded messages while what they see is
-unchanged (common random numbers). When `right` was wrong in an episode, the coalitions without it
-replay with a fresh draw of `right`, so `left`'s and `final`'s credit still reflects whether their
-own messages were correct: the free rider's noise is averaged out of their signal instead of
-zeroing it. The price is 6 counterfactual replays per episode (one rollout each, so the values are
-noisy) and about 3x the seconds per step. `--absent null_message` runs the other choice.
+What "absent" means decides what Shapley can see (measured with 5 seeds x 80 steps, README):
+
+    null_message    a coalition missing any agent keeps only the format layer, which `final` earns
+                    alone; the outcome is split in equal thirds. For `left` that is the team outcome
+                    times a constant, and group-scaled advantages are invariant to the scale: no
+                    better than the team reward.
+    resample        an absent agent is replaced by a fresh sample of its own policy (a marginalising
+                    baseline); one rollout per coalition makes the values noisy, and slower than the
+                    team reward here.
+    default_policy  the expert stands in for absent agents: each agent is credited against a
+                    reference teammate, so `left`'s credit follows whether its own sum was right,
+                    whatever the free rider did. It needs an expert, which relay has.
+
+Present agents keep their recorded messages while what they see is unchanged (common random
+numbers) and are sampled afresh once it differs; the replays cost about 2x the seconds per step.
 
 The noise is deterministic: each draw is seeded by (seed, observation, how many times that
 observation was answered before). Evaluation uses a separate stream keyed by the observation alone,
@@ -112,8 +115,11 @@ def relay_with_free_rider(workdir: Path) -> Path:
 def overrides(method: str, absent: str, seed: int) -> list[str]:
     """--set overrides of one condition: right is the free rider, the credit method, the seed."""
     right = 1  # agents: left, right, final
-    return [f"agents.{right}.policy={MODULE}:noisy_right", f"agents.{right}.trainable=false",
-            f"credit.method={method}", f"credit.absent={absent}", f"train.seed={seed}", "train.threads=1"]
+    settings = [f"agents.{right}.policy={MODULE}:noisy_right", f"agents.{right}.trainable=false",
+                f"credit.method={method}", f"credit.absent={absent}", f"train.seed={seed}", "train.threads=1"]
+    if absent == "default_policy":  # the expert stands in for absent agents: credit against a reference teammate
+        settings.append("credit.default_policy=relay_lib:expert")
+    return settings
 
 
 def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_every: int, p: float,
@@ -206,7 +212,8 @@ def parse_args(argv=None):
     parser.add_argument("--target", type=float, help="held-out team success to reach (default: initial + --gain)")
     parser.add_argument("--gain", type=float, default=0.10, help="target over the initial success (default 0.10)")
     parser.add_argument("--p", type=float, default=0.7, help="probability the free rider is right (default 0.7)")
-    parser.add_argument("--absent", default="resample", help="credit.absent of the Shapley condition")
+    parser.add_argument("--absent", default="default_policy",
+                        help="credit.absent of the Shapley condition (default_policy uses relay's expert)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 seed x 4 steps, evaluated every 2")
     args = parser.parse_args(argv)
     if args.quick:
@@ -220,6 +227,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    from trainers.cli import _quiet_libraries
+
+    _quiet_libraries()
     torch.set_num_threads(1)
     seeds = list(range(args.seeds))
     print(f"relay with a free rider (right correct with p={args.p}); {args.seeds} seeds x {args.steps} steps; "

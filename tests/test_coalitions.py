@@ -109,7 +109,8 @@ def test_cli_credit_prints_a_table(tmp_path):
     import sys
 
     result = subprocess.run([sys.executable, "-m", "trainers.cli", "credit", "relay", "--episodes", "3",
-                             "--method", "shapley"], capture_output=True, text=True, timeout=120)
+                             "--method", "shapley", "--absent", "null_message"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:5]}
     assert rows == {agent: ["0.3333", "0.0000", "0.0000"] for agent in ("left", "right", "final")}

@@ -88,7 +88,7 @@ def probe(tmp_path):
 
 
 def test_expert_relay_team_gets_full_marks_and_equal_credit():
-    player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=12"])
+    player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=12", "credit.absent=null_message"])
     result = evaluate_scenario(player, tasks)
     metrics = result["metrics"]
     assert set(metrics) == METRICS
@@ -102,6 +102,16 @@ def test_expert_relay_team_gets_full_marks_and_equal_credit():
     assert result["credit"]["successful_episodes"] == 12
 
 
+def test_against_an_expert_stand_in_an_expert_team_earns_no_credit():
+    """relay's own credit replaces an absent agent by the expert: an expert is no better than itself,
+    while effective reasoning (silencing an agent) still finds every message necessary."""
+    player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=6"])
+    result = evaluate_scenario(player, tasks)
+    assert result["credit"]["absent"] == "default_policy"
+    assert all(result["credit"]["agents"][a]["mean"] == 0.0 for a in ("left", "right", "final"))
+    assert result["metrics"]["effective_reasoning_rate"] == 1.0
+
+
 def test_relay_variants_never_reach_the_agents():
     """Relay builds observations from task metadata, so a reworded prompt changes nothing agents see."""
     player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=5"])
@@ -110,14 +120,15 @@ def test_relay_variants_never_reach_the_agents():
     assert paraphrase["tasks_reached"] == 0
 
 
-def test_a_silent_agent_fails_every_task_and_earns_no_credit():
+def test_a_silent_agent_fails_every_task_and_takes_the_blame():
     player, tasks = _player("relay", [*EXPERTS[:2], "agents.2.policy='null'", "tasks.eval_count=6"])
     result = evaluate_scenario(player, tasks)
     metrics = result["metrics"]
     assert metrics["pass_rate"] == metrics["first_try_success"] == 0.0
     assert metrics["format_compliance"] == 0.0
     assert metrics["effective_reasoning_rate"] is None  # no successful episode to judge
-    assert all(c["mean"] == 0.0 for c in result["credit"]["agents"].values())
+    credit = result["credit"]["agents"]  # against an expert stand-in, the silent agent takes all the blame
+    assert credit["left"]["mean"] == credit["right"]["mean"] == 0.0 and credit["final"]["mean"] == -1.0
     assert [row["solved"] for row in result["per_task"]] == [0.0] * 6
 
 
@@ -168,7 +179,7 @@ def test_evaluate_team_is_unchanged_by_the_richer_evaluation():
 
 
 def test_reports_are_json_and_a_markdown_table(tmp_path):
-    player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=3"])
+    player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=3", "credit.absent=null_message"])
     json_path, md_path = write_eval_report(evaluate_scenario(player, tasks), tmp_path / "out")
     assert set(json.loads(json_path.read_text())["metrics"]) == METRICS
     markdown = md_path.read_text()

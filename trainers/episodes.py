@@ -91,6 +91,9 @@ class EpisodePlayer:
         from marl.env import ScenarioEnv
 
         self.scenario, self.actors, self.seats = scenario, actors, seats
+        credit = scenario.spec.credit
+        if default_policy is None and credit.default_policy:
+            default_policy = scenario.resolve(credit.default_policy)
         self.default_policy = default_policy
         self.max_tokens = {agent.name: agent.max_tokens for agent in scenario.spec.agents}
         self._first = ScenarioEnv(scenario)
@@ -167,6 +170,8 @@ class EpisodePlayer:
         present = job.coalition is None or agent in job.coalition
         if not present:
             if job.absent_mode == "default_policy":
+                if self.default_policy is None:
+                    raise ValueError("credit.absent 'default_policy' needs credit.default_policy (module:function)")
                 return str(self.default_policy(agent, turn.observation, task))
             if job.absent_mode == "resample":
                 return None

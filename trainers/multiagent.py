@@ -8,7 +8,8 @@ One `MultiAgentTrainer.step()`:
    section from counterfactual replays of each episode (common random numbers: unchanged inputs keep
    their recorded sample); in competitive ones each agent's zero-sum reward is its own;
 3. safeguards per agent: Self-BLEU of each group of that agent's messages, diversity penalty, floor
-   reward when a whole group failed (cooperative); masked rewards (a judge failure) stay NaN;
+   reward when a whole group's team reward failed (cooperative); masked rewards (a judge failure)
+   stay NaN;
 4. role-conditioned advantages: each agent's rewards are normalised within its own task group, and
    every turn the agent took in that episode becomes a sample (observation -> message, advantage);
 5. one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents' samples).
@@ -55,9 +56,7 @@ class MultiAgentTrainer:
         if not self.learners:
             raise ValueError(f"scenario {scenario.spec.name!r} has no trainable agent: give at least one agent "
                              "a model policy ('shared', 'own' or a model directory) with trainable: true")
-        credit = self.spec.credit
-        default = scenario.resolve(credit.default_policy) if credit.default_policy else None
-        self.player = EpisodePlayer(scenario, actors, seats, default_policy=default)
+        self.player = EpisodePlayer(scenario, actors, seats)
         self.tasks = {task.id: task for task in tasks}
         self.buckets = DifficultyBuckets([t.id for t in tasks], [_difficulty(t) for t in tasks],
                                          n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
@@ -134,7 +133,7 @@ class MultiAgentTrainer:
 
     def _apply_safeguards(self, batch, rewards):
         """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative)."""
-        from trainers.safeguards import apply_floor_reward, collapse_alarm, diversity_penalties, group_self_bleu
+        from trainers.safeguards import collapse_alarm, diversity_penalties, group_self_bleu
 
         cfg, g = self.config, self.config.group_size
         bleus, penalised, floored, alarms = [], 0, 0, 0
@@ -150,7 +149,7 @@ class MultiAgentTrainer:
                 penalised += sum(p > 0 for p in penalties)
                 column = [r - p for r, p in zip(column, penalties)]
             if cfg.floor_reward > 0 and self.spec.mode == "cooperative":
-                column, count = apply_floor_reward(column, g, self._progress(batch, agent), cfg.floor_reward)
+                column, count = self._floor_failed_groups(batch, column, agent)
                 floored += count
             for row, value in zip(rewards, column):
                 row[agent] = value
@@ -158,6 +157,23 @@ class MultiAgentTrainer:
         self.totals["collapse_alarms"] += alarms
         return rewards, {"guard/self_bleu": statistics.fmean(bleus), "guard/collapse_alarms": alarms,
                          "guard/diversity_penalised": penalised, "guard/floored_groups": floored}
+
+    def _floor_failed_groups(self, batch, column: list[float], agent: str) -> tuple[list[float], int]:
+        """The floor reward, in the groups whose every team reward failed (<= 0 or masked) only.
+
+        Failure is judged on the team reward, not on the agent's credit: a credit split can be <= 0
+        for every member of a group that did not fail, and flooring it would reward a wrong answer.
+        """
+        from trainers.safeguards import apply_floor_reward
+
+        g, progress, column, floored = self.config.group_size, self._progress(batch, agent), list(column), 0
+        for start in range(0, len(column), g):
+            team = [e.team_reward() for e in batch.episodes[start:start + g]]
+            if all(math.isnan(r) or r <= 0 for r in team):
+                column[start:start + g], count = apply_floor_reward(column[start:start + g], g,
+                                                                    progress[start:start + g], self.config.floor_reward)
+                floored += count
+        return column, floored
 
     def _progress(self, batch, agent: str) -> list[float]:
         """Partial progress of an agent per episode: the mean token logprob of its sampled messages."""

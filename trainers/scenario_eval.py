@@ -19,9 +19,10 @@ of every share and counted in `masked_episodes`. The metrics:
                              task (its prompt and its `variants`), among tasks where a wording changed
                              what some agent saw (None: no such task; scenarios that build observations
                              from task metadata, like relay, never show the prompt)
-    effective_reasoning_rate share of successful first-try episodes in which every agent's credit is
-                             positive: no agent's message could be dropped without cost (cooperative
-                             scenarios with credit on; else None)
+    effective_reasoning_rate share of successful first-try episodes in which every agent's message
+                             mattered: silencing any one agent (its difference reward with
+                             null_message replays) lowers the team reward. Independent of the scenario's
+                             credit section (cooperative scenarios with credit on; else None)
 
 and `credit`: each agent's mean credit over the first-try episodes and its share of the total
 (the scenario's `credit` section; cooperative scenarios only).
@@ -45,7 +46,7 @@ DEFINITIONS = {
     "tool_call_validity": "mean share of well-formed tool calls per agent and episode",
     "format_compliance": "mean format-layer score of the first-try episodes",
     "paraphrase_robustness": "tasks whose success agrees across every wording that reached the agents",
-    "effective_reasoning_rate": "successful episodes in which every agent's credit is positive",
+    "effective_reasoning_rate": "successful episodes in which silencing any one agent lowers the team reward",
 }
 
 
@@ -185,6 +186,7 @@ def _observations(episode) -> list[tuple[str, str]]:
 
 def _credit_summary(player, episodes, first: list[float]) -> dict:
     """Mean credit and share per agent, and the effective reasoning rate, from greedy credit replays."""
+    from marl.spec import CreditSpec
     from trainers.multiagent import credit_shares, episode_credits
 
     spec, agents = player.scenario.spec, player.scenario.agent_names
@@ -192,8 +194,11 @@ def _credit_summary(player, episodes, first: list[float]) -> dict:
     figures = credit_shares(estimates, agents)
     per_agent = {agent: {"mean": _finite(figures.get(f"credit/{agent}/mean")),
                          "share": _finite(figures.get(f"credit/{agent}/share"))} for agent in agents}
-    successful = [estimate for estimate, ok in zip(estimates, first) if ok == 1.0 and estimate is not None]
-    effective = [all(estimate.values[agent] > CREDIT_EPS for agent in agents) for estimate in successful]
+    successful = [episode for episode, estimate, ok in zip(episodes, estimates, first)
+                  if ok == 1.0 and estimate is not None]
+    silenced = episode_credits(player, successful, CreditSpec(method="difference", absent="null_message"))
+    effective = [all(estimate.values[agent] > CREDIT_EPS for agent in agents)
+                 for estimate in silenced if estimate is not None]
     return {"method": spec.credit.method, "absent": spec.credit.absent, "agents": per_agent,
             "episodes": sum(e is not None for e in estimates), "successful_episodes": len(successful),
             "effective_reasoning_rate": statistics.fmean(effective) if effective else None}
