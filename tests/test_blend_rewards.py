@@ -100,3 +100,12 @@ def test_blend_must_name_the_outcome_layers_rule_and_judge(tmp_path):
     assert "rewards.outcome" in message and "exactly the rule 'numeric' and the judge 'critic'" in message
     with pytest.raises(ScenarioError, match="is not a judge under `judges`"):
         _scenario(tmp_path, "http://127.0.0.1:1/v1", judge="nobody")
+
+
+def test_finished_episodes_are_judged_concurrently(tmp_path):
+    """The lockstep player scores the episodes that end together in threads: judge requests overlap."""
+    with JudgeServer(default=("ok", "Rating: [[5]]"), latency_s=0.2) as server:
+        scenario = _scenario(tmp_path, server.url)
+        player, episodes = _play(scenario, ["RATE5"] * 4, task=1)
+        assert server.requests == 4 and server.max_in_flight > 1
+    assert [e.team_reward() for e in episodes] == pytest.approx([0.5] * 4)

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from marl.types import Task
 
 
+JUDGE_THREADS = 32  # threads scoring finished episodes at once (their judge calls overlap)
+
+
 @dataclass
 class Turn:
     """One heard message: who said what, seeing what, and (for model output) where its tokens are."""
@@ -98,6 +101,7 @@ class EpisodePlayer:
         self.max_tokens = {agent.name: agent.max_tokens for agent in scenario.spec.agents}
         self._first = ScenarioEnv(scenario)
         self._envs = [self._first]
+        self.judged = bool(scenario.spec.judges)  # model judges: score finished episodes concurrently
 
     @property
     def scorer(self):
@@ -121,14 +125,26 @@ class EpisodePlayer:
         while any(env.agents for env in envs):
             live = [k for k, env in enumerate(envs) if env.agents]
             texts = self._answer_turn(jobs, envs, observations, live, turns, batch, greedy)
-            for k in live:
-                actions = {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents}
-                observations[k], rewards[k], _, _, infos[k] = envs[k].step(actions)
+            for k, result in zip(live, self._step_all([envs[k] for k in live], [
+                    {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents} for k in live])):
+                observations[k], rewards[k], _, _, infos[k] = result
         for k, (env, job) in enumerate(zip(envs, jobs)):
             validity = {agent: info.get("tool_validity") for agent, info in infos[k].items()}
             batch.episodes.append(Episode(job, turns[k], rewards[k], env.breakdown or {},
                                           [dict(t) for t in env.transcript], validity, list(env.tool_log)))
         return batch
+
+    def _step_all(self, envs: list, actions: list[dict]) -> list[tuple]:
+        """env.step for every live episode. When the step ends the episodes of a scenario with model
+        judges, the steps run in threads, so the judges' requests go out concurrently (each backend
+        still caps its own concurrency); otherwise one after the other."""
+        last_turn = all(env.turn_index == len(env.turns) - 1 for env in envs)
+        if not (self.judged and last_turn and len(envs) > 1):
+            return [env.step(action) for env, action in zip(envs, actions)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(len(envs), JUDGE_THREADS)) as pool:
+            return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
 
     def _skipped(self, job: EpisodeJob) -> frozenset:
         if job.coalition is None or job.absent_mode != "skip_turn":
