@@ -378,8 +378,7 @@ def load_tasks(scenario: Scenario) -> list[Task]:
         except ValidationError as error:
             raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), f"task {index} is malformed: "
                                          f"{_first_line(error)} (fix the task source)")]) from None
-        tasks.append(Task(id=item.id or f"{scenario.spec.name}-{index}", prompt=item.prompt, answer=item.answer,
-                          metadata=dict(item.metadata), difficulty=item.difficulty, variants=tuple(item.variants)))
+        tasks.append(task_from_spec(item, f"{scenario.spec.name}-{index}"))
     if not tasks:
         raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), "the scenario produced no tasks")])
     return tasks
@@ -413,3 +412,16 @@ def _read_jsonl(path: Path) -> list[dict]:
     if problems:
         raise ScenarioError(problems)
     return rows
+
+
+def task_from_spec(item: TaskSpec, default_id: str) -> Task:
+    """A validated TaskSpec as a Task (`default_id` when the spec has no id)."""
+    return Task(id=item.id or default_id, prompt=item.prompt, answer=item.answer, metadata=dict(item.metadata),
+                difficulty=item.difficulty, variants=tuple(_variant(v) for v in item.variants))
+
+
+def _variant(variant) -> str | dict:
+    """A TaskSpec variant as Task data: the prompt string, or a dict of the fields it sets."""
+    if isinstance(variant, str):
+        return variant
+    return variant.model_dump(exclude_none=True, exclude_defaults=True)

@@ -59,6 +59,13 @@ class GraphSpec(Strict):
     end_on: str | None = Field(None, description="regex; the episode ends early when a message fully matches it")
 
 
+class TaskVariant(Strict):
+    """Another wording of a task: a new prompt and/or metadata fields (observations built from metadata)."""
+
+    prompt: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 class TaskSpec(Strict):
     """One inline task."""
 
@@ -67,7 +74,8 @@ class TaskSpec(Strict):
     answer: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     difficulty: float | None = None
-    variants: list[str] = Field(default_factory=list, description="paraphrases of the prompt")
+    variants: list[str | TaskVariant] = Field(default_factory=list, description="other wordings: a prompt, or "
+                                                                          "{prompt, metadata} overrides")
 
 
 class TasksSpec(Strict):

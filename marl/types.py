@@ -15,7 +15,9 @@ class Task:
     answer: the reference answer, when the task can be checked by rule.
     metadata: free-form task data (operands, expected tool calls, ...).
     difficulty: an optional heuristic difficulty (larger is harder).
-    variants: paraphrases of the prompt, for robustness evaluation.
+    variants: other wordings of the same task, for robustness evaluation: a string replaces the prompt;
+        a mapping {"prompt": ..., "metadata": {...}} replaces the prompt and/or updates metadata
+        (for scenarios whose observations are built from metadata). See `Task.variant`.
     """
 
     id: str
@@ -23,4 +25,14 @@ class Task:
     answer: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     difficulty: float | None = None
-    variants: tuple[str, ...] = ()
+    variants: tuple[str | dict[str, Any], ...] = ()
+
+    def variant(self, index: int) -> Task:
+        """The task as its `index`-th variant words it (same id and answer, no variants of its own)."""
+        from dataclasses import replace
+
+        wording = self.variants[index]
+        if isinstance(wording, str):
+            return replace(self, prompt=wording, variants=())
+        return replace(self, prompt=wording.get("prompt", self.prompt),
+                       metadata={**self.metadata, **wording.get("metadata", {})}, variants=())

@@ -20,7 +20,10 @@ def generate_tasks(seed: int, count: int) -> list[dict]:
             "answer": str(a + b + c + d),
             "metadata": {"left": f"{a}+{b}=", "right": f"{c}+{d}="},
             "difficulty": float(sum(x % 10 for x in (a, b, c, d)) >= 20),
-            "variants": [f"({c}+{d})+({a}+{b})="],
+            "variants": [  # the same sums, handed to the other agent or with operands swapped
+                {"prompt": f"({c}+{d})+({a}+{b})=", "metadata": {"left": f"{c}+{d}=", "right": f"{a}+{b}="}},
+                {"prompt": f"({b}+{a})+({d}+{c})=", "metadata": {"left": f"{b}+{a}=", "right": f"{d}+{c}="}},
+            ],
         })
     return tasks
 

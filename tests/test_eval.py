@@ -112,12 +112,17 @@ def test_against_an_expert_stand_in_an_expert_team_earns_no_credit():
     assert result["metrics"]["effective_reasoning_rate"] == 1.0
 
 
-def test_relay_variants_never_reach_the_agents():
-    """Relay builds observations from task metadata, so a reworded prompt changes nothing agents see."""
+def test_relay_variants_reach_the_agents_through_metadata():
+    """Relay's variants hand the pairs to the other agent or swap operands (metadata overrides): the
+    agents see new observations, and an expert team agrees with itself on every wording."""
     player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=5"])
     paraphrase = evaluate_scenario(player, tasks, credit=False)["paraphrase"]
-    assert paraphrase["tasks_with_variants"] == 5 and paraphrase["wordings_played"] == 5
-    assert paraphrase["tasks_reached"] == 0
+    assert paraphrase["tasks_with_variants"] == 5 and paraphrase["wordings_played"] == 10
+    assert paraphrase["tasks_reached"] == 5 and paraphrase["variant_success"] == 1.0
+    swapped = tasks[0].variant(0)
+    assert (swapped.metadata["left"], swapped.metadata["right"]) == (tasks[0].metadata["right"],
+                                                                     tasks[0].metadata["left"])
+    assert swapped.answer == tasks[0].answer and swapped.variants == ()
 
 
 def test_a_silent_agent_fails_every_task_and_takes_the_blame():

@@ -143,13 +143,12 @@ def decoy_answer(answer: str | None, rng: random.Random) -> str:
 
 def as_task(item, index: int) -> Task:
     """A generator's item as a Task: Tasks pass through, dicts are read with the scenario task schema."""
+    from marl.scenario import task_from_spec
     from marl.spec import TaskSpec
 
     if isinstance(item, Task):
         return item
-    spec = TaskSpec.model_validate(item)
-    return Task(id=spec.id or f"adversarial-{index}", prompt=spec.prompt, answer=spec.answer,
-                metadata=dict(spec.metadata), difficulty=spec.difficulty, variants=tuple(spec.variants))
+    return task_from_spec(TaskSpec.model_validate(item), f"adversarial-{index}")
 
 
 def safety_transform(fabrication_penalty: float, constraint_penalty: float, cooperative: bool, team_answerer):

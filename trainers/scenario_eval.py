@@ -30,7 +30,6 @@ and `credit`: each agent's mean credit over the first-try episodes and its share
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -156,9 +155,8 @@ def _paraphrase_agreement(player, episodes, first: list[float]) -> dict:
     jobs, owners = [], []
     for k, episode in enumerate(episodes):
         task = episode.job.task
-        for wording in task.variants:
-            jobs.append(EpisodeJob(dataclasses.replace(task, prompt=wording, variants=()), episode.job.seed,
-                                   reference=episode.reference()))
+        for index in range(len(task.variants)):
+            jobs.append(EpisodeJob(task.variant(index), episode.job.seed, reference=episode.reference()))
             owners.append(k)
     played = player.play(jobs).episodes if jobs else []
     outcomes: dict[int, list[float]] = {}
