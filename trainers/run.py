@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TABLE_EVERY = 10  # steps between sample / credit tables
+TINY_MAX_POSITIONS = 256  # longest observation + message the embedded tiny model is built for
 TABLE_ROWS = 24
 
 
@@ -112,8 +113,14 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
                        "Hugging Face model directory")
 
     spec, warmup = scenario.spec, scenario.spec.train.warmup
-    recipe = TinyLMRecipe(alphabet="".join(alphabet), max_positions=spec.observation_max_chars +
-                          max(a.max_tokens for a in spec.agents) + 2, sft_max_steps=max(1, warmup.sft_max_steps),
+    positions = spec.observation_max_chars + max(a.max_tokens for a in spec.agents) + 2
+    if positions > TINY_MAX_POSITIONS:
+        raise RunError(f"train.model 'tiny' is a character-level model of a few million parameters; scenario "
+                       f"{spec.name!r} needs {positions} positions (observation_max_chars {spec.observation_max_chars} "
+                       f"+ the longest message), more than the {TINY_MAX_POSITIONS} it can learn in minutes on a CPU. "
+                       "Set train.model to a Hugging Face causal-LM directory, or shorten observations with "
+                       "--set observation_max_chars=N (the most recent characters are kept)")
+    recipe = TinyLMRecipe(alphabet="".join(alphabet), max_positions=positions, sft_max_steps=max(1, warmup.sft_max_steps),
                           sft_lr=warmup.sft_lr, sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)
     return build_or_load_tiny_model(recipe, demonstrations, None, cache_dir, log)
 

@@ -20,6 +20,8 @@ import statistics
 
 from marl.types import Task
 
+SAMPLE_WIDTH = 48  # characters of each observation and message shown by the warm-up check
+
 
 def stage_plan(train) -> list[tuple[str, int]]:
     """[(stage, RL steps)] in the order of `train.stages` (stages with 0 steps are kept, and skipped)."""
@@ -102,9 +104,14 @@ def show_samples(trainer, count: int, log=print) -> None:
         return
     batch, rewards, advantages, _ = trainer.last_batch
     for index, episode in enumerate(batch.episodes[:count]):
-        said = "  ".join(f"{t.agent}: {t.observation!r} -> {t.text!r}" for t in episode.turns)
+        said = "  ".join(f"{t.agent}: {_clip(t.observation)!r} -> {_clip(t.text)!r}" for t in episode.turns)
         scores = ", ".join(f"{a} {rewards[index][a]:+.2f} (adv {advantages[a][index]:+.2f})" for a in rewards[index])
         log(f"  sample {index}: {said}\n            reward {scores}")
+
+
+def _clip(text: str, width: int = SAMPLE_WIDTH) -> str:
+    """The last `width` characters of a long observation or message (what was said most recently)."""
+    return text if len(text) <= width else "..." + text[-width:]
 
 
 def run_stage_step(trainer, stage: str, within: int, train_tasks: list[Task], log=print) -> dict:

@@ -133,6 +133,9 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple[str, str]], reci
         optimizer.step()
         schedule.step()
         loss = out.loss.item()
+        if accuracy_fn is None and step % recipe.sft_eval_every == 0:
+            log(f"  sft step {step:4d}/{recipe.sft_max_steps}  loss {loss:.3f}  "
+                f"{(time.perf_counter() - started) / step:.2f} s/step")
         if accuracy_fn is not None and step % recipe.sft_eval_every == 0:
             model.eval()
             accuracy = accuracy_fn(model)
