@@ -55,6 +55,7 @@ class EpisodeJob:
     absent_mode: str = "null_message"
     reference: dict[tuple[int, str], Turn] | None = None  # (turn, agent) -> recorded turn
     prefix: str = ""  # prepended to every observation (the reflection stage's failure reason)
+    memo: dict | None = None  # shared by the replays of one episode: (turn, agent, seen, present) -> message
 
 
 @dataclass
@@ -153,7 +154,7 @@ class EpisodePlayer:
 
     def _answer_turn(self, jobs, envs, observations, live, turns, batch, greedy) -> dict[tuple[int, str], str]:
         """Texts of every acting agent of the live episodes: replayed, absent, or one batched call per actor."""
-        texts, requests = {}, defaultdict(list)
+        texts, requests, followers = {}, defaultdict(list), defaultdict(list)
         for k in live:
             job, env = jobs[k], envs[k]
             for agent in env.acting_agents():
@@ -161,11 +162,18 @@ class EpisodePlayer:
                 turn = Turn(agent, env.turn_index, observation, "")
                 turns[k].append(turn)
                 decided = self._without_generation(job, agent, turn, env.task)
+                key = self._memo_key(job, turn)
+                if decided is None and key is not None:
+                    decided = job.memo.get(key)
+                    if decided is None and (id(job.memo), key) in followers:  # another replay asked already
+                        followers[id(job.memo), key].append((k, turn))
+                        continue
                 if decided is not None:
                     turn.text = texts[k, agent] = decided
                     continue
-                actor = self._actor_for(job, agent)
-                requests[actor, self.max_tokens[agent]].append((k, turn))
+                if key is not None:
+                    followers[id(job.memo), key] = []
+                requests[self._actor_for(job, agent), self.max_tokens[agent]].append((k, turn))
         for (actor_name, max_tokens), pending in requests.items():
             generation = self.actors[actor_name].act([(t.agent, t.observation, envs[k].task) for k, t in pending],
                                                      max_new_tokens=max_tokens, greedy=greedy)
@@ -176,7 +184,21 @@ class EpisodePlayer:
                 turn.text = texts[k, turn.agent] = text
                 if record:
                     turn.actor, turn.batch, turn.row = actor_name, len(batch.generations[actor_name]) - 1, row
+                key = self._memo_key(jobs[k], turn)
+                if key is not None:
+                    jobs[k].memo[key] = text
+                    for other, follower in followers.get((id(jobs[k].memo), key), ()):
+                        follower.text = texts[other, follower.agent] = text
         return texts
+
+    @staticmethod
+    def _memo_key(job: EpisodeJob, turn: Turn):
+        """Replays of one episode share their fresh samples: the same agent seeing the same thing at the
+        same turn says the same thing in every coalition (common random numbers across coalitions)."""
+        if job.memo is None:
+            return None
+        present = job.coalition is None or turn.agent in job.coalition
+        return turn.turn, turn.agent, turn.observation, present
 
     def _actor_for(self, job: EpisodeJob, agent: str) -> str:
         return job.seats.get(agent, self.seats[agent])

@@ -411,11 +411,12 @@ def _fill_values(player, episodes, tables, coalitions, credit) -> None:
         return
     jobs, keys = [], []
     for e, episode in enumerate(episodes):
+        memos = [{} for _ in range(credit.rollouts)]  # rollout r of every coalition shares its fresh samples
         for coalition in coalitions:
             for r in range(credit.rollouts):
                 jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
                                        seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
-                                       reference=episode.reference(), prefix=episode.job.prefix))
+                                       reference=episode.reference(), prefix=episode.job.prefix, memo=memos[r]))
                 keys.append((e, coalition))
     played = player.play(jobs).episodes
     sums: dict = {}
