@@ -13,7 +13,7 @@ from judge_server import JudgeServer
 from marl.scenario import ScenarioError, load_scenario
 from trainers.actors import ScriptedActor
 from trainers.episodes import EpisodeJob, EpisodePlayer
-from trainers.multiagent import shrink_judged_rewards
+from trainers.replay_credit import shrink_judged_rewards
 
 TASKS = [{"id": "checked", "prompt": "2+2=", "answer": "4"}, {"id": "open", "prompt": "Write a line."}]
 

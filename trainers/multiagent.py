@@ -30,7 +30,8 @@ from dataclasses import asdict
 import torch
 
 from marl.types import Task
-from trainers.episodes import EpisodeJob, EpisodePlayer, masked_team_reward
+from trainers.episodes import EpisodeJob, EpisodePlayer
+from trainers.replay_credit import credit_shares, episode_credits, shrink_judged_rewards
 
 OPPONENT = "opponent"
 
@@ -339,102 +340,6 @@ class MultiAgentTrainer:
         self.buckets.load_state_dict(state["buckets"])
         if self.pool is not None and state.get("pool") is not None:
             self.pool.load_state_dict(state["pool"])
-
-
-def shrink_judged_rewards(episodes, group_size: int, scorer, spec) -> int:
-    """With rewards.blend.shrink (cooperative): judge-sourced outcomes move toward their group's mean.
-
-    Within each task group, the outcome of every episode the judge decided becomes m + lambda (s - m),
-    lambda = 1 / (1 + var / var_group) (marl.blend.shrink_to_group_mean), and the episode's team
-    reward is recomputed from it. Rule-decided and masked episodes are untouched. Returns how many
-    rewards changed.
-    """
-    from marl.blend import shrink_to_group_mean
-
-    blend = spec.rewards.blend
-    if blend is None or not blend.shrink or spec.mode != "cooperative":
-        return 0
-    changed = 0
-    for start in range(0, len(episodes), group_size):
-        group = episodes[start:start + group_size]
-        details = [e.breakdown["team"].blend if "team" in e.breakdown else None for e in group]
-        judged = [d["judge"] if d and d["source"] == "judge" else None for d in details]
-        variances = [d["judge_variance"] if d and d["source"] == "judge" else 0.0 for d in details]
-        for episode, raw, (shrunk, factor) in zip(group, judged, shrink_to_group_mean(judged, variances)):
-            if raw is None or factor is None:
-                continue
-            total = scorer.total_with_outcome(episode.breakdown["team"], shrunk)
-            episode.breakdown["team"].blend.update(shrunk=shrunk, shrink=factor)
-            episode.rewards = {agent: total for agent in episode.rewards}
-            changed += 1
-    return changed
-
-
-def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
-    """One CreditEstimate per episode (None when its team reward is masked), from batched replays."""
-    from marl.coalitions import coalitions_needed, estimate_credit
-
-    players = tuple(player.scenario.agent_names)
-    everyone = frozenset(players)
-    needed = [c for c in coalitions_needed(credit, players, player._first.visibility) if c != everyone]
-    tables = [{everyone: e.team_reward()} for e in episodes]
-    _fill_values(player, episodes, tables, needed, credit)
-    estimates = []
-    for episode, table in zip(episodes, tables):
-        if any(math.isnan(v) for v in table.values()):  # a judge failed in the episode or a replay: mask it
-            estimates.append(None)
-            continue
-
-        def value(coalition, table=table, episode=episode):
-            coalition = frozenset(coalition)
-            if coalition not in table:
-                _fill_values(player, [episode], [table], [coalition], credit)
-            return table[coalition]
-
-        try:
-            estimates.append(estimate_credit(credit, value, players, player._first.visibility))
-        except ValueError as error:
-            if "non-finite" not in str(error):
-                raise
-            estimates.append(None)  # a sampled estimator met a failed replay: masked like a failed judge
-    return estimates
-
-
-def _fill_values(player, episodes, tables, coalitions, credit) -> None:
-    """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch."""
-    if not coalitions:
-        return
-    if credit.absent == "mask":
-        for episode, table in zip(episodes, tables):
-            for coalition in coalitions:
-                table[coalition] = masked_team_reward(player.scorer, episode, coalition)
-        return
-    jobs, keys = [], []
-    for e, episode in enumerate(episodes):
-        memos = [{} for _ in range(credit.rollouts)]  # rollout r of every coalition shares its fresh samples
-        for coalition in coalitions:
-            for r in range(credit.rollouts):
-                jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
-                                       seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
-                                       reference=episode.reference(), prefix=episode.job.prefix, memo=memos[r]))
-                keys.append((e, coalition))
-    played = player.play(jobs).episodes
-    sums: dict = {}
-    for key, result in zip(keys, played):
-        sums.setdefault(key, []).append(result.team_reward())
-    for (e, coalition), values in sums.items():
-        tables[e][coalition] = statistics.fmean(values)
-
-
-def credit_shares(credits, agents) -> dict[str, float]:
-    """credit/<agent>/share: each agent's summed credit over the batch's total (when it is positive)."""
-    kept = [c for c in credits if c is not None]
-    sums = {a: sum(c.values[a] for c in kept) for a in agents}
-    total = sum(sums.values())
-    metrics = {f"credit/{a}/mean": sums[a] / len(kept) for a in agents} if kept else {}
-    if total > 0:
-        metrics.update({f"credit/{a}/share": sums[a] / total for a in agents})
-    return metrics
 
 
 def success(episode, mode: str) -> float:

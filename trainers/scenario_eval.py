@@ -185,7 +185,7 @@ def _observations(episode) -> list[tuple[str, str]]:
 def _credit_summary(player, episodes, first: list[float]) -> dict:
     """Mean credit and share per agent, and the effective reasoning rate, from greedy credit replays."""
     from marl.spec import CreditSpec
-    from trainers.multiagent import credit_shares, episode_credits
+    from trainers.replay_credit import credit_shares, episode_credits
 
     spec, agents = player.scenario.spec, player.scenario.agent_names
     estimates = episode_credits(player, episodes, spec.credit)
