@@ -258,3 +258,38 @@ def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, t
     assert not _changed(left, dict(trainer.actors["left"].model.named_parameters()))
     assert _changed(final, {name: p.detach() for name, p in trainer.actors["shared"].model.named_parameters()})
     assert "policy/left/loss" not in metrics and "policy/shared/loss" in metrics
+
+
+FULL_DISK_SCRIPT = r"""
+import resource, signal, sys
+from trainers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.run import RunOptions, prepare
+
+out = sys.argv[1]
+_, _, _, trainer = prepare(RunOptions("relay", ["train.group_size=2", "train.prompts_per_step=1"]), log=lambda *_: None)
+trainer.step()
+save_checkpoint(trainer, out)
+trainer.step()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit now fails with EFBIG, like a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+try:
+    save_checkpoint(trainer, out)
+except CheckpointError as error:
+    print("write failed:", error)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+latest = latest_checkpoint(out)
+load_checkpoint(trainer, latest)
+print("latest:", latest.name, "step:", trainer.step_count)
+"""
+
+
+def test_a_checkpoint_write_that_runs_out_of_space_leaves_the_last_good_one(demo_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT, str(out)], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "write failed: could not write checkpoint step-000002" in result.stdout
+    assert "the last complete checkpoint, step-000001, is intact" in result.stdout
+    assert "latest: step-000001 step: 1" in result.stdout
+    leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # the half-written temporary directory was removed

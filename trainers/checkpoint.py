@@ -38,23 +38,48 @@ def save_checkpoint(trainer, run_dir: str | Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{trainer.step_count:06d}"
     target = root / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
-        torch.save(trainer.state_dict(), tmp / "state.pt")
-        models = trainer.export_models() if hasattr(trainer, "export_models") else \
-            {"model": (trainer.model, trainer.tokenizer)}
-        for directory, (model, tokenizer) in models.items():
-            model.save_pretrained(tmp / directory)
-            tokenizer.save_pretrained(tmp / directory)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _write_text_atomically(root / "latest", name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+        try:
+            _write_state(trainer, tmp)
+            _move_into_place(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _write_text_atomically(root / "latest", name)
+    except (OSError, RuntimeError) as error:  # a full disk: torch raises RuntimeError, the rest OSError
+        last = latest_checkpoint(run_dir)
+        raise CheckpointError(f"could not write checkpoint {name} in {root} ({error}); the last complete "
+                              f"checkpoint, {last.name if last else 'none'}, is intact: free some space and "
+                              "continue with --resume") from error
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-KEEP_LAST]:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the previous complete one is untouched."""
+
+
+def _write_state(trainer, directory: Path) -> None:
+    """state.pt and every trainable model as a Hugging Face directory."""
+    torch.save(trainer.state_dict(), directory / "state.pt")
+    models = trainer.export_models() if hasattr(trainer, "export_models") else \
+        {"model": (trainer.model, trainer.tokenizer)}
+    for name, (model, tokenizer) in models.items():
+        model.save_pretrained(directory / name)
+        tokenizer.save_pretrained(directory / name)
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the finished directory to its name; an older one of that name is swapped out first."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

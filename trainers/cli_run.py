@@ -17,6 +17,7 @@ def report_problems(work) -> int:
     """Call `work()`; scenario problems print as FILE:LINE:COL lines (exit 2), other bad input is a
     UsageError (one line, exit 2); returns work's exit code."""
     from marl.scenario import ScenarioError
+    from trainers.checkpoint import CheckpointError
     from trainers.cli import UsageError
     from trainers.run import RunError
 
@@ -26,7 +27,7 @@ def report_problems(work) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 2
-    except (RunError, FileNotFoundError, ValueError) as error:
+    except (RunError, CheckpointError, FileNotFoundError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 
