@@ -112,14 +112,14 @@ def relay_with_free_rider(workdir: Path) -> Path:
     return workdir / "relay.yaml"
 
 
-def overrides(method: str, absent: str, seed: int) -> list[str]:
+def overrides(method: str, absent: str, seed: int, rollouts: int = 1) -> list[str]:
     """--set overrides of one condition: right is the free rider, the credit method, the seed."""
     right = 1  # agents: left, right, final
     settings = [f"agents.{right}.policy={MODULE}:noisy_right", f"agents.{right}.trainable=false",
                 f"credit.method={method}", f"credit.absent={absent}", f"train.seed={seed}", "train.threads=1"]
     if absent == "default_policy":  # the expert stands in for absent agents: credit against a reference teammate
         settings.append("credit.default_policy=relay_lib:expert")
-    return settings
+    return settings + [f"credit.rollouts={rollouts}"]
 
 
 def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_every: int, p: float,
@@ -214,6 +214,7 @@ def parse_args(argv=None):
     parser.add_argument("--p", type=float, default=0.7, help="probability the free rider is right (default 0.7)")
     parser.add_argument("--absent", default="default_policy",
                         help="credit.absent of the Shapley condition (default_policy uses relay's expert)")
+    parser.add_argument("--rollouts", type=int, default=1, help="credit.rollouts: replays per coalition (default 1)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 seed x 4 steps, evaluated every 2")
     args = parser.parse_args(argv)
     if args.quick:
@@ -233,13 +234,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     seeds = list(range(args.seeds))
     print(f"relay with a free rider (right correct with p={args.p}); {args.seeds} seeds x {args.steps} steps; "
-          f"shapley absent={args.absent}; evaluation every {args.eval_every} steps on 100 held-out tasks")
+          f"shapley absent={args.absent}, rollouts={args.rollouts}; evaluation every {args.eval_every} steps on 100 held-out tasks")
     results = {}
     with tempfile.TemporaryDirectory(prefix="credit_vs_equal-") as tmp:
         scenario_path = relay_with_free_rider(Path(tmp))
         for seed in seeds:
             for method in ("team", "shapley"):
-                run = train_condition(scenario_path, overrides(method, args.absent, seed), args.steps,
+                run = train_condition(scenario_path, overrides(method, args.absent, seed, args.rollouts), args.steps,
                                       args.eval_every, args.p, seed)
                 results[method, seed] = run
                 print(f"  seed {seed} {method:<7} initial {run['curve'][0][1]:.2f} final {run['curve'][-1][1]:.2f} "

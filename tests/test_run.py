@@ -293,3 +293,13 @@ def test_a_checkpoint_write_that_runs_out_of_space_leaves_the_last_good_one(demo
     assert "latest: step-000001 step: 1" in result.stdout
     leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # the half-written temporary directory was removed
+
+
+def test_resuming_with_another_scenario_setting_is_refused(demo_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "relay", *_settings("train.steps=1"), "--out", str(out), "--tracker", "none"]) == 0
+    code = main(["run", "relay", *_settings("train.steps=2", "credit.method=team"), "--out", str(out),
+                 "--tracker", "none", "--resume"])
+    assert code == 2
+    assert "credit.method: 'shapley' -> 'team'" in capsys.readouterr().err
+    assert [row["train/step"] for row in _rows(out / "metrics.jsonl")] == [1]

@@ -325,10 +325,16 @@ class MultiAgentTrainer:
                                if hasattr(a, "generator")},
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                 "rng": self.rng.getstate(), "buckets": self.buckets.state_dict(),
-                "pool": self.pool.state_dict() if self.pool is not None else None}
+                "pool": self.pool.state_dict() if self.pool is not None else None,
+                "scenario": resume_fingerprint(self.spec)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a `state_dict()` (same scenario, actors and config)."""
+        """Restore a `state_dict()` (same scenario, actors and config; more steps are allowed)."""
+        changed = _differences(state.get("scenario", {}), resume_fingerprint(self.spec))
+        if changed:
+            raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
+                             "with the same scenario and --set values (only step counts may change), or start a "
+                             "new run directory")
         self.step_count, self.totals = state["step"], dict(state["totals"])
         for name, learner in self.learners.items():
             learner.load_state_dict(state["learners"][name])
@@ -340,6 +346,30 @@ class MultiAgentTrainer:
         self.buckets.load_state_dict(state["buckets"])
         if self.pool is not None and state.get("pool") is not None:
             self.pool.load_state_dict(state["pool"])
+
+
+STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_tasks"),
+             ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
+             ("train", "safety", "steps")}
+
+
+def resume_fingerprint(spec) -> dict:
+    """The scenario as plain data, minus what a resumed run may change (step counts, threads, tracking)."""
+    data = spec.model_dump(mode="json")
+    for path in STEP_KEYS:
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1], None)
+    return data
+
+
+def _differences(saved, current, path: str = "") -> list[str]:
+    """'key.path: saved -> current' for every leaf that differs."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [line for key in sorted(set(saved) | set(current))
+                for line in _differences(saved.get(key), current.get(key), f"{path}.{key}" if path else key)]
+    return [] if saved == current else [f"{path}: {saved!r} -> {current!r}"]
 
 
 def success(episode, mode: str) -> float:
