@@ -7,7 +7,8 @@ import torch
 
 from marl.addition import addition_progress, addition_reward
 from marl.types import Task
-from trainers.grpo import GRPOConfig, GRPOTrainer, SpikeGuard, lr_lambda, policy_loss, score_completions
+from trainers.grpo import GRPOConfig, GRPOTrainer, policy_loss, score_completions
+from trainers.learner import SpikeGuard, lr_lambda
 from trainers.sampling import completion_logprobs
 
 FAST = dict(prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-3)

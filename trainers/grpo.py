@@ -6,7 +6,9 @@
    Both are pure tensor functions, numerically identical to TRL 1.16's GRPOTrainer (checked against
    TRL's own `_compute_loss` in tests/test_grpo_trl_equivalence.py).
 3. `GRPOConfig` and `GRPOTrainer.step()`: sample groups -> score (failures masked) -> safeguards ->
-   advantages -> `mu` updates of the compacted batch -> metrics.
+   advantages -> `mu` updates of the compacted batch -> metrics. The update itself (optimizer, lr
+   schedule, spike guard, KL reference, exact batch compaction) is `trainers.learner.PolicyLearner`,
+   which the multi-agent trainer uses for each of its policies too.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ class GRPOConfig:
     spike_window: int = 20
     """steps in the running median of the spike guard"""
     spike_on_loss: bool = False
-    """also skip a step whose |loss| exceeds spike_factor x its running median (off: see SpikeGuard)"""
+    """also skip a step whose |loss| exceeds spike_factor x its running median (off: see learner.SpikeGuard)"""
     floor_reward: float = 0.05
     """reward given to the most complete member of an all-failed group (0 disables)"""
     diversity_threshold: float = 0.8
@@ -296,49 +298,6 @@ def score_completions(reward_fn: RewardFn, tasks: Sequence[Task], texts: Sequenc
     return rewards, masked
 
 
-def lr_lambda(config: GRPOConfig) -> Callable[[int], float]:
-    """Multiplier of the base lr at each step: linear warm-up, then constant, linear or cosine decay."""
-    def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        if config.lr_schedule == "constant":
-            return 1.0
-        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-        if config.lr_schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
-class SpikeGuard:
-    """Flags a step whose grad norm exceeds `factor` x the running median of recent steps.
-
-    A non-finite loss or grad norm is always a spike. The loss itself is only watched when
-    `watch_loss` is set: the on-policy GRPO loss is a length-weighted sum of centred advantages whose
-    magnitude swings between ~1e-9 and ~1e-2 from step to step, so its median is no scale and a
-    loss test would skip healthy steps. Flagged values still enter the window, so a lasting change of
-    scale is accepted after window/2 steps.
-    """
-
-    def __init__(self, factor: float, window: int, min_history: int = 5, watch_loss: bool = False):
-        self.factor, self.window, self.min_history, self.watch_loss = factor, window, min_history, watch_loss
-        self.grad_norms: list[float] = []
-        self.losses: list[float] = []
-
-    def is_spike(self, loss: float, grad_norm: float) -> bool:
-        """Record the step and say whether it should be skipped."""
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        spike = not finite
-        if len(self.grad_norms) >= self.min_history and self.factor > 0:
-            spike |= grad_norm > self.factor * statistics.median(self.grad_norms)
-            if self.watch_loss:
-                spike |= abs(loss) > self.factor * statistics.median(self.losses)
-        if finite:
-            self.grad_norms = (self.grad_norms + [grad_norm])[-self.window:]
-            self.losses = (self.losses + [abs(loss)])[-self.window:]
-        return spike
-
-
 class GRPOTrainer:
     """Single-policy GRPO on a list of tasks and a per-completion reward function.
 
@@ -376,7 +335,7 @@ class GRPOTrainer:
         return self.learner.reference
 
     @property
-    def spikes(self) -> SpikeGuard:
+    def spikes(self):
         """The learner's spike guard."""
         return self.learner.spikes
 

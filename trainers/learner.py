@@ -1,4 +1,4 @@
-"""One trainable policy's side of GRPO: optimizer, schedule, KL reference, spike guard and the update.
+"""One trainable policy's side of GRPO: lr schedule, spike guard, optimizer, KL reference and the update.
 
 `PolicyLearner.update(completions, advantages)` runs `mu` clipped-surrogate updates of the model on a
 batch of sampled completions whose advantages are already known. The single-policy `GRPOTrainer`
@@ -9,19 +9,63 @@ implementation of the exact batch compaction, the loss (`trainers.grpo.policy_lo
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 import warnings
+from collections.abc import Callable
 
 import torch
 
 from trainers.sampling import Completions, completion_logprobs, select_rows
 
 
+def lr_lambda(config) -> Callable[[int], float]:
+    """Multiplier of the base lr at each step: linear warm-up, then constant, linear or cosine decay."""
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.lr_schedule == "constant":
+            return 1.0
+        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+        if config.lr_schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+class SpikeGuard:
+    """Flags a step whose grad norm exceeds `factor` x the running median of recent steps.
+
+    A non-finite loss or grad norm is always a spike. The loss itself is only watched when
+    `watch_loss` is set: the on-policy GRPO loss is a length-weighted sum of centred advantages whose
+    magnitude swings between ~1e-9 and ~1e-2 from step to step, so its median is no scale and a
+    loss test would skip healthy steps. Flagged values still enter the window, so a lasting change of
+    scale is accepted after window/2 steps.
+    """
+
+    def __init__(self, factor: float, window: int, min_history: int = 5, watch_loss: bool = False):
+        self.factor, self.window, self.min_history, self.watch_loss = factor, window, min_history, watch_loss
+        self.grad_norms: list[float] = []
+        self.losses: list[float] = []
+
+    def is_spike(self, loss: float, grad_norm: float) -> bool:
+        """Record the step and say whether it should be skipped."""
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        spike = not finite
+        if len(self.grad_norms) >= self.min_history and self.factor > 0:
+            spike |= grad_norm > self.factor * statistics.median(self.grad_norms)
+            if self.watch_loss:
+                spike |= abs(loss) > self.factor * statistics.median(self.losses)
+        if finite:
+            self.grad_norms = (self.grad_norms + [grad_norm])[-self.window:]
+            self.losses = (self.losses + [abs(loss)])[-self.window:]
+        return spike
+
+
 class PolicyLearner:
     """Optimizer, lr schedule, optional frozen reference and spike guard of one policy (see module doc)."""
 
     def __init__(self, model, config):
-        from trainers.grpo import SpikeGuard, lr_lambda
-
         self.model, self.config = model, config
         self.reference = frozen_copy(model) if config.beta != 0 else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
