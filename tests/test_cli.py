@@ -81,10 +81,10 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(demo_model_dir, 
 
 
 def test_resume_drops_metric_rows_past_the_checkpoint_and_a_torn_last_line(tmp_path):
-    from trainers.demo import _truncate_metrics
+    from trainers.report import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"train/step": s, "train/reward": 0.5}) + "\n" for s in (1, 2, 3))
                     + '{"train/step": 4, "train/rew')  # the process died mid-write
-    _truncate_metrics(path, steps_done=2)
+    truncate_metrics(path, steps_done=2)
     assert [json.loads(line)["train/step"] for line in path.read_text().splitlines()] == [1, 2]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -54,6 +56,17 @@ def save_checkpoint(trainer, run_dir: str | Path) -> Path:
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-KEEP_LAST]:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+@contextmanager
+def checkpoint_on_interrupt(trainer, run_dir: str | Path, log: Callable[[str], None] = print) -> Iterator[None]:
+    """Ctrl-C inside the block writes a checkpoint, says how to continue, and re-raises."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        save_checkpoint(trainer, run_dir)
+        log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
+        raise
 
 
 class CheckpointError(RuntimeError):

@@ -68,7 +68,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     """Run the whole demo and return its summary (also written to OUT/summary.json)."""
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from trainers.progress import ProgressPrinter
-    from trainers.report import write_report
+    from trainers.report import truncate_metrics, write_report
 
     import torch
 
@@ -85,7 +85,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
         raise RunDirectoryError(f"{out} already holds a run; pass --resume to continue it or --out NEWDIR")
     if resumed is not None:
         load_checkpoint(trainer, resumed)
-        _truncate_metrics(out / "metrics.jsonl", trainer.step_count)
+        truncate_metrics(out / "metrics.jsonl", trainer.step_count)
         log(f"resumed from {resumed} at step {trainer.step_count}")
     before = _read_before(out) if resumed is not None else None
     if before is None:
@@ -125,33 +125,19 @@ def _tracker(config: DemoConfig, out: Path):
 
 def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:
     """The step loop: log every step, checkpoint every `checkpoint_every`, and on Ctrl-C."""
-    from trainers.checkpoint import save_checkpoint
+    from trainers.checkpoint import checkpoint_on_interrupt, save_checkpoint
 
-    try:
+    with checkpoint_on_interrupt(trainer, out, log):
         while trainer.step_count < config.grpo.steps:
             metrics = trainer.step()
             tracker.log(metrics)
             progress.update(metrics)
             if trainer.step_count % config.checkpoint_every == 0:
                 save_checkpoint(trainer, out)
-    except KeyboardInterrupt:
-        save_checkpoint(trainer, out)
-        log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
-        raise
 
 
 class RunDirectoryError(RuntimeError):
     """The run directory cannot be used as asked (it holds another run)."""
-
-
-def _truncate_metrics(path: Path, steps_done: int) -> None:
-    """Drop metric rows logged after the checkpoint we resume from, so no step appears twice."""
-    from trainers.report import read_metrics
-
-    if not path.exists():
-        return
-    rows = [row for row in read_metrics(path) if row["train/step"] <= steps_done]  # a torn last line is dropped
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _read_before(out: Path) -> dict | None:

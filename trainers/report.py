@@ -63,6 +63,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop metric rows logged after the checkpoint a run resumes from, so no step appears twice
+    (a torn last line is dropped too)."""
+    if path.exists():
+        rows = [row for row in read_metrics(path) if row[STEP_KEY] <= steps_done]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -128,6 +128,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 def run_scenario(options: RunOptions, log=print) -> dict:
     """Run everything (see the module docstring); returns the summary written to OUT/summary.json."""
     from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.report import truncate_metrics
     from trainers.scenario_eval import evaluate_team
     from trainers.stages import sft_warmup_stage, stage_plan
 
@@ -139,7 +140,7 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
     if resumed is not None:
         load_checkpoint(trainer, resumed)
-        _truncate_metrics(out / "metrics.jsonl", trainer.step_count)
+        truncate_metrics(out / "metrics.jsonl", trainer.step_count)
         log(f"resumed from {resumed} at step {trainer.step_count}")
     elif "warmup" in train.stages:
         (out / "warmup.json").write_text(json.dumps(sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)))
@@ -173,14 +174,14 @@ def run_scenario(options: RunOptions, log=print) -> dict:
 
 def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
     """The step loop across stages: log, tables, checkpoints; Ctrl-C writes a checkpoint."""
-    from trainers.checkpoint import save_checkpoint
+    from trainers.checkpoint import checkpoint_on_interrupt, save_checkpoint
     from trainers.progress import ProgressPrinter
     from trainers.stages import run_stage_step, stage_at
 
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
     every = trainer.spec.train.checkpoint_every
-    try:
+    with checkpoint_on_interrupt(trainer, out, log):
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
             metrics = run_stage_step(trainer, stage, within, train_tasks, log)
@@ -190,10 +191,6 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
                 _log_tables(trainer, tracker)
             if trainer.step_count % every == 0:
                 save_checkpoint(trainer, out)
-    except KeyboardInterrupt:
-        save_checkpoint(trainer, out)
-        log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
-        raise
 
 
 def _log_tables(trainer, tracker) -> None:
@@ -253,15 +250,6 @@ def _tracker(options: RunOptions, scenario, out: Path):
         return JsonlTracker(out)
     return make_tracker(kind, out, project=scenario.spec.train.tracking.project,
                         config=scenario.spec.model_dump(mode="json"), name=out.name, group=scenario.spec.name)
-
-
-def _truncate_metrics(path: Path, steps_done: int) -> None:
-    """Drop metric rows logged after the checkpoint we resume from, so no step appears twice."""
-    from trainers.report import read_metrics
-
-    if path.exists():
-        rows = [row for row in read_metrics(path) if row["train/step"] <= steps_done]
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _read_json(path: Path):
