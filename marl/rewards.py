@@ -109,12 +109,6 @@ class EpisodeScorer:
         details = {"source": result.source, "rule": result.rule, "judge": result.judge_raw, "judge_variance": variance}
         return (None if result.masked else result.value), details
 
-    def total_with_outcome(self, breakdown: RewardBreakdown, outcome: float) -> float:
-        """The breakdown's total had its outcome layer been `outcome` (penalties kept)."""
-        layers = {**breakdown.layers, "outcome": outcome}
-        applied = sum(p["amount"] for p in breakdown.penalties if p["applied"])
-        return self._layered_total(layers) - applied
-
     def _layered_total(self, layer_scores: dict[str, float | None]) -> float:
         total, weights = 0.0, 0.0
         for layer in LAYERS:

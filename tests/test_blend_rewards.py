@@ -13,7 +13,7 @@ from judge_server import JudgeServer
 from marl.scenario import ScenarioError, load_scenario
 from trainers.actors import ScriptedActor
 from trainers.episodes import EpisodeJob, EpisodePlayer
-from trainers.replay_credit import shrink_judged_rewards
+from trainers.replay_credit import shrink_factors, shrink_rewards
 
 TASKS = [{"id": "checked", "prompt": "2+2=", "answer": "4"}, {"id": "open", "prompt": "Write a line."}]
 
@@ -77,20 +77,26 @@ def test_the_trainer_shrinks_judge_decided_rewards_toward_the_group_mean(tmp_pat
         player, episodes = _play(scenario, ["RATE9", "RATE5", "RATE1", "RATE3"], task=1)
     raw = [1.0, 0.5, 0.0, 0.25]
     assert [e.team_reward() for e in episodes] == pytest.approx(raw)
-    assert shrink_judged_rewards(episodes, 4, player.scorer, scenario.spec) == 4
+    factors = shrink_factors(episodes, 4, scenario.spec)
     mean, spread = sum(raw) / 4, sum((r - sum(raw) / 4) ** 2 for r in raw) / 4
     factor = 1 / (1 + 0.05 / spread)
-    assert [e.team_reward() for e in episodes] == pytest.approx([mean + factor * (r - mean) for r in raw])
+    assert factors == pytest.approx([factor] * 4)
     assert all(e.breakdown["team"].blend["shrink"] == pytest.approx(factor) for e in episodes)
+    rows = [{"writer": r, "other": 2 * r} for r in raw]  # per-agent rewards, e.g. after credit assignment
+    assert shrink_rewards(rows, factors, 4, ["writer", "other"]) == 4
+    assert [row["writer"] for row in rows] == pytest.approx([mean + factor * (r - mean) for r in raw])
+    assert [row["other"] for row in rows] == pytest.approx([2 * (mean + factor * (r - mean)) for r in raw])
 
 
 def test_shrinkage_leaves_rule_decided_rewards_alone(tmp_path):
     with JudgeServer(default=_rating) as server:
         scenario = _scenario(tmp_path, server.url)
         player, episodes = _play(scenario, ["4", "5", "4", "4"], task=0)
-    before = [e.team_reward() for e in episodes]
-    assert shrink_judged_rewards(episodes, 4, player.scorer, scenario.spec) == 0
-    assert [e.team_reward() for e in episodes] == before == [1.0, 0.0, 1.0, 1.0]
+    rewards = [e.team_reward() for e in episodes]
+    assert rewards == [1.0, 0.0, 1.0, 1.0]
+    assert shrink_factors(episodes, 4, scenario.spec) == [None] * 4
+    rows = [{"writer": r} for r in rewards]
+    assert shrink_rewards(rows, [None] * 4, 4, ["writer"]) == 0 and [row["writer"] for row in rows] == rewards
 
 
 def test_blend_must_name_the_outcome_layers_rule_and_judge(tmp_path):

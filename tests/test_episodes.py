@@ -40,3 +40,20 @@ def test_without_a_shared_memo_the_replays_draw_independently():
     [episode] = player.play([EpisodeJob(scenario.tasks()[0], 0)]).episodes
     draws = [_replays(player, episode, memo=None) for _ in range(5)]
     assert any(first["final"].text != second["final"].text for first, second in draws)
+
+
+def test_coalitions_a_sampled_estimator_asks_for_later_share_the_episodes_samples():
+    """Permutation sampling asks for coalitions one at a time; their replays still share fresh samples,
+    so a silent agent, whose absence changes nothing, gets exactly zero credit."""
+    from marl.spec import CreditSpec
+    from trainers.replay_credit import episode_credits
+
+    scenario = load_scenario("relay")
+    actors = {"left": ScriptedActor("left", get_policy("expert", scenario)),
+              "right": ScriptedActor("right", null_policy),
+              "final": ScriptedActor("final", random_policy(seed=5, max_chars=3))}
+    player = EpisodePlayer(scenario, actors, {a: a for a in actors})
+    episodes = player.play([EpisodeJob(task, i) for i, task in enumerate(scenario.tasks()[:6])]).episodes
+    credit = CreditSpec(method="shapley", estimator="permutation", budget=6, absent="null_message")
+    estimates = episode_credits(player, episodes, credit)
+    assert all(estimate.values["right"] == 0.0 for estimate in estimates)

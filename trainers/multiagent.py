@@ -31,7 +31,7 @@ import torch
 
 from marl.types import Task
 from trainers.episodes import EpisodeJob, EpisodePlayer
-from trainers.replay_credit import credit_shares, episode_credits, shrink_judged_rewards
+from trainers.replay_credit import credit_shares, episode_credits, shrink_factors, shrink_rewards
 
 OPPONENT = "opponent"
 
@@ -83,7 +83,6 @@ class MultiAgentTrainer:
         opponent = self._pick_opponent()
         jobs = self._jobs(tasks, opponent, prefix or {})
         batch = self.player.play(jobs)
-        shrink_judged_rewards(batch.episodes, self.config.group_size, self.player.scorer, self.spec)
         played = time.perf_counter()
         rewards, credits = self._agent_rewards(batch, reward_transform)
         rewards, guards = self._apply_safeguards(batch, rewards)
@@ -130,6 +129,8 @@ class MultiAgentTrainer:
             if reward_transform is not None:
                 row = {a: reward_transform(episode, a, r) for a, r in row.items()}
             rows.append(row)
+        shrink_rewards(rows, shrink_factors(batch.episodes, self.config.group_size, self.spec),
+                       self.config.group_size, self.agents)
         return rows, credits
 
     def _apply_safeguards(self, batch, rewards):

@@ -18,33 +18,52 @@ import statistics
 from trainers.episodes import EpisodeJob, EpisodePlayer, masked_team_reward
 
 
-def shrink_judged_rewards(episodes, group_size: int, scorer, spec) -> int:
-    """With rewards.blend.shrink (cooperative): judge-sourced outcomes move toward their group's mean.
+def shrink_factors(episodes, group_size: int, spec) -> list[float | None]:
+    """With rewards.blend.shrink (cooperative): lambda per episode the judge decided, else None.
 
-    Within each task group, the outcome of every episode the judge decided becomes m + lambda (s - m),
-    lambda = 1 / (1 + var / var_group) (marl.blend.shrink_to_group_mean), and the episode's team
-    reward is recomputed from it. Rule-decided and masked episodes are untouched. Returns how many
-    rewards changed.
+    Within each task group, lambda = 1 / (1 + var / var_group) from the judge's uncertainty and the
+    spread of the group's judge scores (marl.blend.shrink_to_group_mean). Rule-decided and masked
+    episodes get None. Recorded in the episode's breakdown as blend["shrink"].
     """
     from marl.blend import shrink_to_group_mean
 
     blend = spec.rewards.blend
     if blend is None or not blend.shrink or spec.mode != "cooperative":
-        return 0
-    changed = 0
+        return [None] * len(episodes)
+    factors = []
     for start in range(0, len(episodes), group_size):
         group = episodes[start:start + group_size]
         details = [e.breakdown["team"].blend if "team" in e.breakdown else None for e in group]
         judged = [d["judge"] if d and d["source"] == "judge" else None for d in details]
         variances = [d["judge_variance"] if d and d["source"] == "judge" else 0.0 for d in details]
-        for episode, raw, (shrunk, factor) in zip(group, judged, shrink_to_group_mean(judged, variances)):
-            if raw is None or factor is None:
+        for detail, raw, (_, factor) in zip(details, judged, shrink_to_group_mean(judged, variances)):
+            factors.append(None if raw is None else factor)
+            if raw is not None and factor is not None:
+                detail["shrink"] = factor
+    return factors
+
+
+def shrink_rewards(rows: list[dict], factors: list[float | None], group_size: int, agents) -> int:
+    """Move each agent's judge-decided rewards toward their group's mean: r -> m + lambda (r - m).
+
+    Applied to the per-agent rewards after credit assignment, so the counterfactual values the
+    credit came from stay on one scale; for the team reward it is the team reward shrunk. Returns
+    how many episodes were shrunk.
+    """
+    shrunk = 0
+    for start in range(0, len(rows), group_size):
+        members = [i for i in range(start, min(start + group_size, len(rows))) if factors[i] is not None]
+        if len(members) < 2:
+            continue
+        for agent in agents:
+            values = [rows[i][agent] for i in members if not math.isnan(rows[i][agent])]
+            if len(values) < 2:
                 continue
-            total = scorer.total_with_outcome(episode.breakdown["team"], shrunk)
-            episode.breakdown["team"].blend.update(shrunk=shrunk, shrink=factor)
-            episode.rewards = {agent: total for agent in episode.rewards}
-            changed += 1
-    return changed
+            mean = statistics.fmean(values)
+            for i in members:
+                rows[i][agent] = mean + factors[i] * (rows[i][agent] - mean)
+        shrunk += len(members)
+    return shrunk
 
 
 def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
@@ -55,17 +74,18 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     everyone = frozenset(players)
     needed = [c for c in coalitions_needed(credit, players, player._first.visibility) if c != everyone]
     tables = [{everyone: e.team_reward()} for e in episodes]
-    _fill_values(player, episodes, tables, needed, credit)
+    memos = [[{} for _ in range(credit.rollouts)] for _ in episodes]  # rollout r of every coalition shares samples
+    _fill_values(player, episodes, tables, needed, credit, memos)
     estimates = []
-    for episode, table in zip(episodes, tables):
+    for episode, table, memo in zip(episodes, tables, memos):
         if any(math.isnan(v) for v in table.values()):  # a judge failed in the episode or a replay: mask it
             estimates.append(None)
             continue
 
-        def value(coalition, table=table, episode=episode):
+        def value(coalition, table=table, episode=episode, memo=memo):  # sampled estimators ask as they go
             coalition = frozenset(coalition)
             if coalition not in table:
-                _fill_values(player, [episode], [table], [coalition], credit)
+                _fill_values(player, [episode], [table], [coalition], credit, [memo])
             return table[coalition]
 
         try:
@@ -77,8 +97,9 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     return estimates
 
 
-def _fill_values(player, episodes, tables, coalitions, credit) -> None:
-    """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch."""
+def _fill_values(player, episodes, tables, coalitions, credit, memos) -> None:
+    """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch, the
+    replays of an episode sharing its memos (one per rollout) with every earlier and later call."""
     if not coalitions:
         return
     if credit.absent == "mask":
@@ -88,12 +109,12 @@ def _fill_values(player, episodes, tables, coalitions, credit) -> None:
         return
     jobs, keys = [], []
     for e, episode in enumerate(episodes):
-        memos = [{} for _ in range(credit.rollouts)]  # rollout r of every coalition shares its fresh samples
         for coalition in coalitions:
             for r in range(credit.rollouts):
                 jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
                                        seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
-                                       reference=episode.reference(), prefix=episode.job.prefix, memo=memos[r]))
+                                       reference=episode.reference(), prefix=episode.job.prefix,
+                                       memo=memos[e][r]))
                 keys.append((e, coalition))
     played = player.play(jobs).episodes
     sums: dict = {}
