@@ -303,3 +303,18 @@ def test_resuming_with_another_scenario_setting_is_refused(demo_model_dir, tmp_p
     assert code == 2
     assert "credit.method: 'shapley' -> 'team'" in capsys.readouterr().err
     assert [row["train/step"] for row in _rows(out / "metrics.jsonl")] == [1]
+
+
+def test_after_a_warm_up_the_kl_reference_and_first_opponent_are_the_warmed_up_model(demo_model_dir, tmp_path):
+    from trainers.run import RunOptions, prepare
+
+    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), ["train.beta=0.04"]), log=lambda *_: None)
+    model = trainer.actors["shared"].model
+    with torch.no_grad():  # what an SFT warm-up does: the weights move
+        next(model.parameters()).add_(0.01)
+    trainer.restart_frozen_copies()
+    weights = model.state_dict()
+    reference = trainer.learners["shared"].reference.state_dict()
+    _, snapshot = trainer.pool.sample()
+    assert all(torch.equal(weights[k], reference[k]) and torch.equal(weights[k], snapshot[k]) for k in weights)
+    assert all(torch.equal(weights[k], v) for k, v in trainer.actors["opponent"].model.state_dict().items())

@@ -89,9 +89,12 @@ class EndpointActor:
         """One chat completion per request; a failed request says nothing (and is counted)."""
         from judges.backend import ChatRequest, run_sync
 
+        first = self.requests = getattr(self, "requests", 0)
+        self.requests += len(requests)  # each request its own seed: sampled answers differ across a group
         chats = [ChatRequest(messages=({"role": "user", "content": observation},), max_tokens=max_new_tokens,
-                             temperature=0.0 if greedy else self.temperature, seed=self.seed)
-                 for _, observation, _ in requests]
+                             temperature=0.0 if greedy else self.temperature,
+                             seed=self.seed if greedy else self.seed + first + index)
+                 for index, (_, observation, _) in enumerate(requests)]
         responses = run_sync(self.backend.complete_many(chats))
         self.failures = getattr(self, "failures", 0) + sum(r.status not in ("ok", "truncated") for r in responses)
         return Generation([r.text if r.status in ("ok", "truncated") else "" for r in responses])

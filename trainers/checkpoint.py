@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,14 +61,37 @@ def save_checkpoint(trainer, run_dir: str | Path) -> Path:
 
 
 @contextmanager
-def checkpoint_on_interrupt(trainer, run_dir: str | Path, log: Callable[[str], None] = print) -> Iterator[None]:
-    """Ctrl-C inside the block writes a checkpoint, says how to continue, and re-raises."""
+def checkpoint_on_interrupt(trainer, run_dir: str | Path, log: Callable[[str], None] = print) -> Iterator:
+    """Ctrl-C stops the run at the next step boundary with a checkpoint, then re-raises KeyboardInterrupt.
+
+    Yields `stop_requested()`, which the step loop checks after every step. A checkpoint written in
+    the middle of a step would hold the update of a step it does not count, so the first Ctrl-C only
+    asks; a second one stops at once, without a checkpoint (the last periodic one stands).
+    """
+    state = {"requested": False, "aborted": False}
+
+    def request(signum, frame):
+        if state["requested"]:
+            state["aborted"] = True
+            raise KeyboardInterrupt
+        state["requested"] = True
+        log("\nCtrl-C: stopping after this step with a checkpoint (press it again to stop at once, without one)")
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, request) if in_main_thread else None
     try:
-        yield
+        yield lambda: state["requested"]
     except KeyboardInterrupt:
+        if state["aborted"] or not state["requested"] and in_main_thread:
+            last = latest_checkpoint(run_dir)
+            log(f"\nstopped at once: no checkpoint written; the last one is {last.name if last else 'none'}")
+            raise
         save_checkpoint(trainer, run_dir)
         log(f"\ninterrupted: checkpoint written at step {trainer.step_count}; continue with --resume")
         raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 class CheckpointError(RuntimeError):
@@ -89,10 +114,22 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(target, old)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            os.replace(old, target)  # put the complete one back where `latest` points
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, target)
+
+
+def final_checkpoint(trainer, run_dir: str | Path) -> Path:
+    """The checkpoint of the trainer's current step: the latest one when it is already written."""
+    latest = latest_checkpoint(run_dir)
+    if latest is not None and latest.name == f"step-{trainer.step_count:06d}":
+        return latest
+    return save_checkpoint(trainer, run_dir)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -66,7 +66,7 @@ def held_out_accuracy(model, tokenizer, splits: AdditionSplits, samples: int, ma
 
 def run_demo(config: DemoConfig, log=print) -> dict:
     """Run the whole demo and return its summary (also written to OUT/summary.json)."""
-    from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.checkpoint import final_checkpoint, latest_checkpoint, load_checkpoint
     from trainers.progress import ProgressPrinter
     from trainers.report import truncate_metrics, write_report
 
@@ -99,7 +99,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     tracker = _tracker(config, out)
     try:
         _train(trainer, tracker, progress, config, out, log)
-        checkpoint = save_checkpoint(trainer, out)
+        checkpoint = final_checkpoint(trainer, out)
         after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
         summary = _summary(config, before, after, out, time.perf_counter() - started)
         tracker.summary(summary)
@@ -127,13 +127,15 @@ def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> No
     """The step loop: log every step, checkpoint every `checkpoint_every`, and on Ctrl-C."""
     from trainers.checkpoint import checkpoint_on_interrupt, save_checkpoint
 
-    with checkpoint_on_interrupt(trainer, out, log):
+    with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < config.grpo.steps:
             metrics = trainer.step()
             tracker.log(metrics)
             progress.update(metrics)
             if trainer.step_count % config.checkpoint_every == 0:
                 save_checkpoint(trainer, out)
+            if stop_requested():
+                raise KeyboardInterrupt
 
 
 class RunDirectoryError(RuntimeError):

@@ -87,9 +87,7 @@ class PolicyLearner:
             group["lr"] = scheduled * lr_scale  # the scheduler's next step restores the schedule
         compact = self.compact_batch(completions, advantages)
         if compact is None:  # every advantage is 0: no gradient, but keep the optimizer's clock
-            self.optimizer.zero_grad(set_to_none=False)
-            self._optimizer_step(skip=False)
-            return {"loss": 0.0, "grad_norm": 0.0, "kl": None, "clip_fraction": 0.0, "trained_rows": 0}
+            return self.keep_clock()
         rows, row_adv, weights, scale = compact
         old = None if cfg.mu == 1 else _no_grad_logprobs(self.model, rows, cfg.temperature)
         ref = None if self.reference is None else _no_grad_logprobs(self.reference, rows, cfg.temperature)
@@ -105,6 +103,13 @@ class PolicyLearner:
             self._optimizer_step(skip=self.spikes.is_spike(loss.item(), grad_norm))
         return {"loss": loss.item(), "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
                 "trained_rows": rows.completion_ids.size(0)}
+
+    def keep_clock(self) -> dict[str, float]:
+        """A step without samples or signal: the optimizer and lr schedule still advance one step,
+        as a zero loss would make them (so every policy stays on the run's step clock)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        self._optimizer_step(skip=False)
+        return {"loss": 0.0, "grad_norm": 0.0, "kl": None, "clip_fraction": 0.0, "trained_rows": 0}
 
     def compact_batch(self, completions: Completions, advantages: torch.Tensor):
         """The rows worth a forward and backward pass, with weights that keep the loss exact.

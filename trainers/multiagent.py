@@ -89,7 +89,8 @@ class MultiAgentTrainer:
         advantages = self._role_advantages(rewards)
         scored = time.perf_counter()
         updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale)
-                   for name, learner in self.learners.items() if self._has_samples(batch, name)}
+                   if self._has_samples(batch, name) else learner.keep_clock()
+                   for name, learner in self.learners.items()}
         self._record_results(tasks, batch, opponent)
         self.step_count += 1
         self.last_batch = (batch, rewards, advantages, credits)
@@ -270,6 +271,14 @@ class MultiAgentTrainer:
             metrics["selfplay/against_snapshot"] = float(opponent is not None)
         return metrics
 
+    def restart_frozen_copies(self) -> None:
+        """After a warm-up changed the weights: the KL references and the opponent pool start from them."""
+        for name, learner in self.learners.items():
+            if learner.reference is not None:
+                learner.reference.load_state_dict(self.actors[name].model.state_dict())
+        if self.pool is not None:
+            self.pool = self._opponent_pool()
+
     # -- self-play --------------------------------------------------------------------------------
 
     def _opponent_pool(self):
@@ -349,8 +358,7 @@ class MultiAgentTrainer:
             self.pool.load_state_dict(state["pool"])
 
 
-STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_tasks"),
-             ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
+STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
              ("train", "safety", "steps")}
 
 

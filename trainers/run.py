@@ -127,7 +127,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 
 def run_scenario(options: RunOptions, log=print) -> dict:
     """Run everything (see the module docstring); returns the summary written to OUT/summary.json."""
-    from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from trainers.checkpoint import final_checkpoint, latest_checkpoint, load_checkpoint
     from trainers.report import truncate_metrics
     from trainers.scenario_eval import evaluate_team
     from trainers.stages import sft_warmup_stage, stage_plan
@@ -142,19 +142,22 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         load_checkpoint(trainer, resumed)
         truncate_metrics(out / "metrics.jsonl", trainer.step_count)
         log(f"resumed from {resumed} at step {trainer.step_count}")
-    elif "warmup" in train.stages:
-        (out / "warmup.json").write_text(json.dumps(sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)))
     before = _read_json(out / "before.json") if resumed is not None else None
-    if before is None and eval_tasks:
+    if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
         before = evaluate_team(trainer.player, eval_tasks)
         (out / "before.json").write_text(json.dumps(before))
     if before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
+    if resumed is None and "warmup" in train.stages:
+        report = sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)
+        if report["sft_steps"]:
+            trainer.restart_frozen_copies()  # the KL reference and the first opponent are the warmed-up model
+        (out / "warmup.json").write_text(json.dumps(report))
     tracker = _tracker(options, scenario, out)
     started = time.perf_counter()
     try:
         _train(trainer, plan, train_tasks, tracker, out, log)
-        checkpoint = save_checkpoint(trainer, out)
+        checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
         (out / "after.json").write_text(json.dumps(after))
         summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
@@ -181,7 +184,7 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
     every = trainer.spec.train.checkpoint_every
-    with checkpoint_on_interrupt(trainer, out, log):
+    with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
             metrics = run_stage_step(trainer, stage, within, train_tasks, log)
@@ -191,6 +194,8 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
                 _log_tables(trainer, tracker)
             if trainer.step_count % every == 0:
                 save_checkpoint(trainer, out)
+            if stop_requested():
+                raise KeyboardInterrupt
 
 
 def _log_tables(trainer, tracker) -> None:
