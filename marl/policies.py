@@ -25,15 +25,21 @@ def null_policy(agent: str, observation: str, task: Task) -> str:
     return ""
 
 
-def random_policy(seed: int = 0, max_chars: int = 16) -> Policy:
-    """Printable noise of random length, from its own seeded RNG."""
-    rng = random.Random(seed)
+class RandomPolicy:
+    """Printable noise of random length, from its own seeded RNG (`rng` is its whole state)."""
+
     alphabet = string.ascii_letters + string.digits + string.punctuation + " "
 
-    def act(agent: str, observation: str, task: Task) -> str:
-        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, max_chars)))
+    def __init__(self, seed: int = 0, max_chars: int = 16):
+        self.rng, self.max_chars = random.Random(seed), max_chars
 
-    return act
+    def __call__(self, agent: str, observation: str, task: Task) -> str:
+        return "".join(self.rng.choice(self.alphabet) for _ in range(self.rng.randint(0, self.max_chars)))
+
+
+def random_policy(seed: int = 0, max_chars: int = 16) -> Policy:
+    """Printable noise of random length, from its own seeded RNG."""
+    return RandomPolicy(seed, max_chars)
 
 
 def get_policy(name: str, scenario: Scenario, seed: int = 0) -> Policy:

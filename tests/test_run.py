@@ -101,11 +101,12 @@ def _comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(demo_model_dir, tmp_path):
+@pytest.mark.parametrize("extra", [(), ("agents.1.policy=random",)], ids=["models", "with-a-random-agent"])
+def test_resume_continues_exactly_like_an_uninterrupted_run(demo_model_dir, tmp_path, extra):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert main(["run", "relay", *_settings("train.steps=4"), "--out", str(straight), "--tracker", "none"]) == 0
-    assert main(["run", "relay", *_settings("train.steps=2"), "--out", str(split), "--tracker", "none"]) == 0
-    assert main(["run", "relay", *_settings("train.steps=4"), "--out", str(split), "--tracker", "none",
+    assert main(["run", "relay", *_settings("train.steps=4", *extra), "--out", str(straight), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_settings("train.steps=2", *extra), "--out", str(split), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_settings("train.steps=4", *extra), "--out", str(split), "--tracker", "none",
                  "--resume"]) == 0
     expected, got = _comparable(_rows(straight / "metrics.jsonl")), _comparable(_rows(split / "metrics.jsonl"))
     assert [row["train/step"] for row in got] == [1, 2, 3, 4]

@@ -333,6 +333,8 @@ class MultiAgentTrainer:
                 "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
                 "generators": {name: a.generator.get_state() for name, a in self.actors.items()
                                if hasattr(a, "generator")},
+                "scripted_rngs": {name: list(a.policy.rng.getstate()) for name, a in self.actors.items()
+                                  if hasattr(getattr(a, "policy", None), "rng")},
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                 "rng": self.rng.getstate(), "buckets": self.buckets.state_dict(),
                 "pool": self.pool.state_dict() if self.pool is not None else None,
@@ -350,6 +352,8 @@ class MultiAgentTrainer:
             learner.load_state_dict(state["learners"][name])
         for name, generator_state in state["generators"].items():
             self.actors[name].generator.set_state(generator_state)
+        for name, rng_state in state.get("scripted_rngs", {}).items():  # seeded scripted policies (random)
+            self.actors[name].policy.rng.setstate(_as_tuple_state(rng_state))
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         self.rng.setstate(_as_tuple_state(state["rng"]))

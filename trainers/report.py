@@ -71,6 +71,20 @@ def truncate_metrics(path: Path, steps_done: int) -> None:
         path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
+def truncate_tables(tables_dir: Path, steps_done: int) -> None:
+    """The same for the JSONL mirror of tables: rows whose `step` is past the checkpoint are dropped."""
+    for path in sorted(Path(tables_dir).glob("*.jsonl")):
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line
+            if not (isinstance(row, dict) and _is_number(row.get("step")) and row["step"] > steps_done):
+                kept.append(line + "\n")
+        path.write_text("".join(kept), encoding="utf-8")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -128,7 +128,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 def run_scenario(options: RunOptions, log=print) -> dict:
     """Run everything (see the module docstring); returns the summary written to OUT/summary.json."""
     from trainers.checkpoint import final_checkpoint, latest_checkpoint, load_checkpoint
-    from trainers.report import truncate_metrics
+    from trainers.report import truncate_metrics, truncate_tables
     from trainers.scenario_eval import evaluate_team
     from trainers.stages import sft_warmup_stage, stage_plan
 
@@ -141,6 +141,7 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     if resumed is not None:
         load_checkpoint(trainer, resumed)
         truncate_metrics(out / "metrics.jsonl", trainer.step_count)
+        truncate_tables(out / "tables", trainer.step_count)
         log(f"resumed from {resumed} at step {trainer.step_count}")
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
