@@ -97,7 +97,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     progress = ProgressPrinter(total=config.grpo.steps, start=trainer.step_count, log=log)
     started = time.perf_counter()
     tracker = _tracker(config, out)
-    try:
+    with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
         _train(trainer, tracker, progress, config, out, log)
         checkpoint = final_checkpoint(trainer, out)
         after = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
@@ -105,8 +105,6 @@ def run_demo(config: DemoConfig, log=print) -> dict:
         tracker.summary(summary)
         tracker.log_artifact(checkpoint / "model", name="policy", type="model",
                              metadata={"train/step": trainer.step_count}, aliases=["latest", f"step-{trainer.step_count}"])
-    finally:
-        tracker.finish()
     report = write_report(out, title="marl demo: GRPO on two-number addition", before=before, after=after)
     log(f"held-out accuracy after:  greedy {after['greedy']:.3f}, sampled {after['sampled']:.3f}")
     log(f"gain: greedy {after['greedy'] - before['greedy']:+.3f}, sampled {after['sampled'] - before['sampled']:+.3f}"

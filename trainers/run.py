@@ -156,7 +156,7 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         (out / "warmup.json").write_text(json.dumps(report))
     tracker = _tracker(options, scenario, out)
     started = time.perf_counter()
-    try:
+    with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
         _train(trainer, plan, train_tasks, tracker, out, log)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
@@ -165,8 +165,6 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         tracker.summary(summary)
         tracker.log_artifact(checkpoint, name=f"{spec.name}-checkpoint", type="model",
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
-    finally:
-        tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     report = _write_report(out, spec, before, after, trainer)
     if after:

@@ -57,14 +57,14 @@ class Tracker:
     def summary(self, values: Mapping[str, Any]) -> None:
         """Set run-level summary values (merged with earlier ones)."""
 
-    def finish(self) -> None:
-        """Flush and close the run."""
+    def finish(self, exit_code: int = 0) -> None:
+        """Flush and close the run; a non-zero exit code marks it as failed where the backend can."""
 
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.finish()
+    def __exit__(self, exc_type, *exc_info: object) -> None:
+        self.finish(exit_code=0 if exc_type is None else 1)
 
 
 class NullTracker(Tracker):
@@ -245,12 +245,13 @@ class WandbTracker(Tracker):
         self.mirror.summary(values)
         self.run.summary.update(dict(values))
 
-    def finish(self) -> None:
-        """Finish the W&B run once (the process-exit hook, or `wandb.teardown()`, flushes it to disk)."""
+    def finish(self, exit_code: int = 0) -> None:
+        """Finish the W&B run once (the process-exit hook, or `wandb.teardown()`, flushes it to disk);
+        a non-zero exit code marks an interrupted or crashed run as failed."""
         if self._finished:
             return
         self._finished = True
-        self.run.finish()
+        self.run.finish(exit_code=exit_code)
         self.mirror.finish()
 
 
