@@ -13,10 +13,8 @@ replaced atomically, so a crash mid-write never leaves a half checkpoint that re
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,16 +22,9 @@ from pathlib import Path
 
 import torch
 
+from trainers.atomic import write_directory_atomically, write_text_atomically
+
 KEEP_LAST = 2  # complete checkpoints kept on disk
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(trainer, run_dir: str | Path) -> Path:
@@ -43,13 +34,8 @@ def save_checkpoint(trainer, run_dir: str | Path) -> Path:
     name = f"step-{trainer.step_count:06d}"
     target = root / name
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
-        try:
-            _write_state(trainer, tmp)
-            _move_into_place(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        _write_text_atomically(root / "latest", name)
+        write_directory_atomically(target, lambda tmp: _write_state(trainer, tmp))
+        write_text_atomically(root / "latest", name)
     except (OSError, RuntimeError) as error:  # a full disk: torch raises RuntimeError, the rest OSError
         last = latest_checkpoint(run_dir)
         raise CheckpointError(f"could not write checkpoint {name} in {root} ({error}); the last complete "
@@ -106,22 +92,6 @@ def _write_state(trainer, directory: Path) -> None:
     for name, (model, tokenizer) in models.items():
         model.save_pretrained(directory / name)
         tokenizer.save_pretrained(directory / name)
-
-
-def _move_into_place(tmp: Path, target: Path) -> None:
-    """Rename the finished directory to its name; an older one of that name is swapped out first."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            os.replace(old, target)  # put the complete one back where `latest` points
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
 
 
 def final_checkpoint(trainer, run_dir: str | Path) -> Path:

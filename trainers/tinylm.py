@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -148,20 +146,16 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple[str, str]], reci
 
 
 def save_atomically(model, tokenizer, target: Path, extra: dict) -> None:
-    """Write model + tokenizer + a JSON report into a temp dir, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "marl_build.json").write_text(json.dumps(extra, indent=2))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process built it first: keep theirs
-            if not (target / "marl_build.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Write model + tokenizer + a JSON report into a temp dir, then rename it into place (when another
+    process built the same model first, its copy is kept)."""
+    from trainers.atomic import write_directory_atomically
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        (directory / "marl_build.json").write_text(json.dumps(extra, indent=2))
+
+    write_directory_atomically(target, write, keep_existing=True)
 
 
 def load_policy(path: str | Path):
