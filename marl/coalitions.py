@@ -84,7 +84,7 @@ class ScenarioCoalitionValue:
                 actions = {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents}
                 observations[k], rewards[k], *_ = envs[k].step(actions)
         for (coalition, seed), env, reward in zip(pending, envs, rewards):
-            self.returns[coalition, seed] = _team_reward(reward)
+            self.returns[coalition, seed] = team_reward(reward)
             if coalition == frozenset(self.players):
                 self.transcripts[coalition, seed] = ([dict(t) for t in env.transcript], list(env.tool_log))
         return len(pending)
@@ -131,7 +131,7 @@ class ScenarioCoalitionValue:
             observations, rewards, *_ = self.env.step(actions)
         if coalition == frozenset(self.players):
             self.transcripts[coalition, seed] = ([dict(t) for t in self.env.transcript], list(self.env.tool_log))
-        return _team_reward(rewards)
+        return team_reward(rewards)
 
     def _act(self, agent: str, observation: str, coalition: frozenset, seed: int, reference) -> str:
         if agent in coalition:
@@ -156,10 +156,17 @@ class ScenarioCoalitionValue:
     def _masked(self, coalition: frozenset, seed: int) -> float:
         self._reference(seed)
         transcript, tool_log = self.transcripts[frozenset(self.players), seed]
-        blanked = [{**t, "text": t["text"] if t["agent"] in coalition else ""} for t in transcript]
-        calls = [call for call in tool_log if call.agent in coalition]
-        rewards, _ = self.env.scorer.score_episode(self.task, blanked, calls, list(self.players))
-        return _team_reward(rewards)
+        return masked_team_reward(self.env.scorer, self.task, transcript, tool_log, coalition, self.players)
+
+
+def masked_team_reward(scorer, task: Task, transcript: list[dict], tool_log, coalition: frozenset,
+                       players) -> float:
+    """The `mask` counterfactual: the transcript with absent agents' messages (and their tool calls)
+    blanked, scored again; no episode is re-run."""
+    blanked = [{**t, "text": t["text"] if t["agent"] in coalition else ""} for t in transcript]
+    calls = [call for call in tool_log if call.agent in coalition]
+    rewards, _ = scorer.score_episode(task, blanked, calls, list(players))
+    return team_reward(rewards)
 
 
 def coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
@@ -185,7 +192,8 @@ def coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
     return subsets
 
 
-def _team_reward(rewards: dict[str, float]) -> float:
+def team_reward(rewards: dict[str, float]) -> float:
+    """The cooperative team reward of per-agent rewards (all equal), NaN when there are none."""
     values = list(rewards.values())
     return values[0] if values else math.nan
 

@@ -84,19 +84,20 @@ class EndpointActor:
 
     def __init__(self, name: str, backend, *, temperature: float = 1.0, seed: int = 0):
         self.name, self.backend, self.temperature, self.seed = name, backend, temperature, seed
+        self.requests = 0  # requests sent so far: sampled requests are seeded seed + their index
+        self.failures = 0  # requests that failed (their agent said nothing)
 
     def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
         """One chat completion per request; a failed request says nothing (and is counted)."""
         from judges.backend import ChatRequest, run_sync
 
-        first = self.requests = getattr(self, "requests", 0)
-        self.requests += len(requests)  # each request its own seed: sampled answers differ across a group
+        first, self.requests = self.requests, self.requests + len(requests)
         chats = [ChatRequest(messages=({"role": "user", "content": observation},), max_tokens=max_new_tokens,
                              temperature=0.0 if greedy else self.temperature,
                              seed=self.seed if greedy else self.seed + first + index)
                  for index, (_, observation, _) in enumerate(requests)]
         responses = run_sync(self.backend.complete_many(chats))
-        self.failures = getattr(self, "failures", 0) + sum(r.status not in ("ok", "truncated") for r in responses)
+        self.failures += sum(r.status not in ("ok", "truncated") for r in responses)
         return Generation([r.text if r.status in ("ok", "truncated") else "" for r in responses])
 
 

@@ -16,12 +16,11 @@ numbers: the same input gets the same sample), and are sampled afresh once what 
     default_policy  a stand-in actor (credit.default_policy) speaks for it
     resample        the agent's own actor samples a fresh message (a marginalising baseline)
     replay          as null_message (the recorded prefix is kept, downstream agents regenerate)
-    mask            handled without playing: see `masked_team_reward`
+    mask            handled without playing: see `marl.coalitions.masked_team_reward`
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -72,8 +71,9 @@ class Episode:
 
     def team_reward(self) -> float:
         """The cooperative team reward (every agent's reward is the same), NaN when masked."""
-        values = list(self.rewards.values())
-        return values[0] if values else math.nan
+        from marl.coalitions import team_reward
+
+        return team_reward(self.rewards)
 
     def reference(self) -> dict[tuple[int, str], Turn]:
         """The turns keyed by (turn index, agent), for counterfactual replays of this episode."""
@@ -218,12 +218,3 @@ class EpisodePlayer:
         if recorded is not None and recorded.observation == turn.observation:
             return recorded.text
         return None
-
-
-def masked_team_reward(scorer, episode: Episode, coalition: frozenset) -> float:
-    """The `mask` counterfactual: the episode's transcript with absent agents' messages blanked, rescored."""
-    blanked = [{**t, "text": t["text"] if t["agent"] in coalition else ""} for t in episode.transcript]
-    calls = [call for call in episode.tool_log if call.agent in coalition]
-    rewards, _ = scorer.score_episode(episode.job.task, blanked, calls, list(episode.rewards))
-    values = list(rewards.values())
-    return values[0] if values else math.nan

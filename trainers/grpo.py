@@ -323,7 +323,7 @@ class GRPOTrainer:
         self.tasks = {task.id: task for task in tasks}
         self.learner = PolicyLearner(model, config)
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.buckets = DifficultyBuckets([t.id for t in tasks], [_heuristic_difficulty(t) for t in tasks],
+        self.buckets = DifficultyBuckets([t.id for t in tasks], [heuristic_difficulty(t) for t in tasks],
                                          n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
                                          seed=config.seed)
         self.step_count = 0
@@ -462,7 +462,7 @@ class GRPOTrainer:
         self.buckets.load_state_dict(state["buckets"])
 
 
-def _heuristic_difficulty(task: Task) -> float:
+def heuristic_difficulty(task: Task) -> float:
     """The task's own difficulty if it has one, else its prompt length (a crude proxy for steps)."""
     return float(task.difficulty) if task.difficulty is not None else float(len(task.prompt))
 

@@ -41,6 +41,7 @@ class MultiAgentTrainer:
 
     def __init__(self, scenario, actors: dict, seats: dict[str, str], tasks: list[Task], config, *,
                  selfplay: bool = False, log=print):
+        from trainers.grpo import heuristic_difficulty
         from trainers.learner import PolicyLearner
         from trainers.safeguards import DifficultyBuckets
 
@@ -59,7 +60,7 @@ class MultiAgentTrainer:
                              "a model policy ('shared', 'own' or a model directory) with trainable: true")
         self.player = EpisodePlayer(scenario, actors, seats)
         self.tasks = {task.id: task for task in tasks}
-        self.buckets = DifficultyBuckets([t.id for t in tasks], [_difficulty(t) for t in tasks],
+        self.buckets = DifficultyBuckets([t.id for t in tasks], [heuristic_difficulty(t) for t in tasks],
                                          n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
                                          seed=config.seed)
         self.rng = random.Random(config.seed)
@@ -244,13 +245,13 @@ class MultiAgentTrainer:
         valid = [r for r in team if not math.isnan(r)]
         metrics = {"train/step": self.step_count, "train/bucket": bucket,
                    "train/reward": statistics.fmean(valid) if valid else math.nan,
-                   "train/team_success": _nanmean([success(e, self.spec.mode) for e in episodes]),
+                   "train/team_success": nanmean([success(e, self.spec.mode) for e in episodes]),
                    "judge/masked_episodes": sum(_masked(e) for e in episodes),
                    "judge/masked_total": self.totals["masked_episodes"], **guards, **times}
         for agent in self.agents:
-            metrics[f"train/agent/{agent}/reward"] = _nanmean([row[agent] for row in rewards])
+            metrics[f"train/agent/{agent}/reward"] = nanmean([row[agent] for row in rewards])
             if self.spec.mode != "cooperative":
-                metrics[f"train/agent/{agent}/win_rate"] = _nanmean([_won(e, agent) for e in episodes])
+                metrics[f"train/agent/{agent}/win_rate"] = nanmean([_won(e, agent) for e in episodes])
         if credits is not None:
             metrics.update(credit_shares(credits, self.agents))
             lost = sum(c is None and not _masked(e) for e, c in zip(episodes, credits))
@@ -412,13 +413,10 @@ def _masked(episode) -> bool:
     return any(math.isnan(v) for v in episode.rewards.values())
 
 
-def _nanmean(values) -> float:
+def nanmean(values) -> float:
+    """Mean of the non-NaN values (NaN when there are none)."""
     kept = [v for v in values if not math.isnan(v)]
     return statistics.fmean(kept) if kept else math.nan
-
-
-def _difficulty(task: Task) -> float:
-    return float(task.difficulty) if task.difficulty is not None else float(len(task.prompt))
 
 
 def _snapshot(model) -> dict:

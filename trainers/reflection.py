@@ -28,8 +28,6 @@ The step's results update the pass-rate EMAs like any step's, retries included.
 
 from __future__ import annotations
 
-import math
-import statistics
 import string
 
 from marl.types import Task
@@ -45,7 +43,7 @@ FIRST_TRY_SEED = 7_777_777  # offset of the first tries' seeds, away from the tr
 
 def reflection_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
     """One reflection step (see the module docstring); the trainer step's metrics plus `reflection/*`."""
-    from trainers.multiagent import success
+    from trainers.multiagent import nanmean, success
 
     mode = trainer.spec.mode
     tasks = select_low_rate_tasks(task_pass_rates(trainer.buckets), train_tasks, settings.threshold,
@@ -60,8 +58,8 @@ def reflection_step(trainer, settings, train_tasks: list[Task]) -> dict[str, flo
     retried = [e for e in trainer.last_batch[0].episodes if e.job.prefix]
     return {**metrics, "reflection/tasks": float(len(tasks)),
             "reflection/retried": float(sum(bool(reason) for reason in reasons.values())),
-            "reflection/first_try_success": _nanmean(success(e, mode) for e in first_tries),
-            "reflection/retry_success": _nanmean(success(e, mode) for e in retried)}
+            "reflection/first_try_success": nanmean(success(e, mode) for e in first_tries),
+            "reflection/retry_success": nanmean(success(e, mode) for e in retried)}
 
 
 def task_pass_rates(buckets) -> dict[str, float | None]:
@@ -142,8 +140,3 @@ def _given_answer(transcript: list[dict], answer_from: str | None) -> str:
     if len(text) > ANSWER_MAX_CHARS:
         text = text[:ANSWER_MAX_CHARS - 3] + "..."
     return text or NO_ANSWER
-
-
-def _nanmean(values) -> float:
-    kept = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(kept) if kept else math.nan

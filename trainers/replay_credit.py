@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from trainers.episodes import EpisodeJob, EpisodePlayer, masked_team_reward
+from marl.coalitions import masked_team_reward
+from trainers.episodes import EpisodeJob, EpisodePlayer
 
 
 def shrink_factors(episodes, group_size: int, spec) -> list[float | None]:
@@ -105,7 +106,8 @@ def _fill_values(player, episodes, tables, coalitions, credit, memos) -> None:
     if credit.absent == "mask":
         for episode, table in zip(episodes, tables):
             for coalition in coalitions:
-                table[coalition] = masked_team_reward(player.scorer, episode, coalition)
+                table[coalition] = masked_team_reward(player.scorer, episode.job.task, episode.transcript,
+                                                      episode.tool_log, coalition, list(episode.rewards))
         return
     jobs, keys = [], []
     for e, episode in enumerate(episodes):

@@ -52,18 +52,18 @@ DEFINITIONS = {
 def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
     """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`."""
     from trainers.episodes import EpisodeJob
-    from trainers.multiagent import success
+    from trainers.multiagent import nanmean, success
 
     if not tasks:
         raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
     mode = player.scenario.spec.mode
     episodes = player.play([EpisodeJob(task, seed + index) for index, task in enumerate(tasks)], greedy=True).episodes
-    figures = {"team_success": _nanmean(success(e, mode) for e in episodes),
-               "team_reward": _nanmean(e.team_reward() for e in episodes) if mode == "cooperative" else math.nan,
+    figures = {"team_success": nanmean(success(e, mode) for e in episodes),
+               "team_reward": nanmean(e.team_reward() for e in episodes) if mode == "cooperative" else math.nan,
                "masked_episodes": float(sum(any(math.isnan(v) for v in e.rewards.values()) for e in episodes)),
                "episodes": float(len(episodes))}
     for agent in player.scenario.agent_names:
-        figures[f"agent/{agent}/reward"] = _nanmean(e.rewards.get(agent, math.nan) for e in episodes)
+        figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
     return {key: value for key, value in figures.items() if not math.isnan(value)}
 
 
@@ -228,10 +228,6 @@ def _plain(value: float) -> float | None:
 def _finite(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
-
-def _nanmean(values) -> float:
-    kept = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(kept) if kept else math.nan
 
 
 # -- reports ------------------------------------------------------------------------------------
