@@ -32,6 +32,7 @@ of the sandbox itself (the interpreter cannot start) raises `SandboxError`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import selectors
@@ -42,183 +43,25 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from judges import sandbox_child as child
+from judges.sandbox_layers import LAYER_NAMES, child_layer_config
 
 SANDBOX_STATUSES = ("ok", "error", "timeout", "memory", "killed", "blocked")
-BLOCKED_EXIT = 86
+BLOCKED_EXIT = child.BLOCKED_EXIT
+CHANNEL_FD = child.CHANNEL_FD
+KERNEL_BLOCK = "a system call refused by the kernel (seccomp)"
+UNCONFINED_ENV = "MARL_SANDBOX_ALLOW_UNCONFINED"
+_CONTROL_LIMIT = 4096
 FILE_LIMIT_BYTES = 8 * 2**20
 WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
 MAX_OPEN_FILES = 64
 MAX_TASKS = 8  # processes + threads of the sandbox uid (threads count against RLIMIT_NPROC)
 _WORKDIR_PREFIX = "marl_sbx_"
 
-_BOOTSTRAP = r'''
-def _sandbox(argv):
-    import _signal, os, posix, resource, sys
-    import types  # its import reads a traceback's frame, which the hook refuses afterwards
-    root, tag = argv[1], argv[2].encode()
-    cpu, memory, fsize, nofile, nproc, write_opens = (int(value) for value in argv[3:9])
-    for limit, soft, hard in ((resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_CPU, cpu, cpu + 1),
-                              (resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_FSIZE, fsize, fsize),
-                              (resource.RLIMIT_NOFILE, nofile, nofile), (resource.RLIMIT_NPROC, nproc, nproc)):
-        if soft >= 0:
-            old = resource.getrlimit(limit)[1]
-            cap = hard if old == resource.RLIM_INFINITY else min(hard, old)
-            resource.setrlimit(limit, (min(soft, cap), cap))
-    with open("main.py", "rb") as handle:
-        source = handle.read()
-    os.remove("main.py")
-    code = compile(source, "main.py", "exec")
-    readable = tuple(p.rstrip("/") + "/" for p in sys.path if p.startswith("/")) + ("/usr/share/zoneinfo/",)
-    files = ("/dev/null", "/dev/urandom", "/dev/zero")
-    kill_exact = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
-                  "os.startfile", "os.kill", "os.killpg", "subprocess.Popen", "pty.spawn", "os.link",
-                  "os.symlink", "os.chdir", "signal.pthread_kill", "_posixsubprocess.fork_exec",
-                  "os.add_dll_directory", "webbrowser.open")
-    kill_prefix = ("socket.", "ctypes.", "syslog.", "winreg.", "_winapi.")
-    soft = ("sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-            "gc.get_objects", "gc.get_referrers", "gc.get_referents")
-    frame_attrs = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
-    no_import = ("ctypes", "_ctypes", "_posixsubprocess", "posix", "_xxsubinterpreters", "_testcapi",
-                 "_testinternalcapi", "_tracemalloc")
-    no_import_packages = tuple(name + "." for name in no_import)
-    # event -> indices of its path arguments. A dir_fd can only name a directory inside the sandbox
-    # (opening any other directory is refused), so checking the path lexically from the root is sound.
-    path_events = {"os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1), "os.chmod": (0,),
-                   "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,), "os.setxattr": (0,),
-                   "os.removexattr": (0,), "os.chflags": (0,), "os.lchflags": (0,), "shutil.rmtree": (0,)}
-    list_events = {"os.listdir": 0, "os.scandir": 0, "os.walk": 0, "os.fwalk": 0}
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    _type, _issub, _int, _str, _bytes, _list, _none = type, issubclass, int, str, bytes, list, None
-    _decode, _concat, _base = bytes.decode, str.__add__, BaseException
-    _write, _exit, _stat, _audit, real_signal = os.write, os._exit, os.stat, sys.audit, _signal.signal
-    inside, budget = (root + "/",), [write_opens]
-
-    def text(path):
-        kind = _type(path)
-        if _issub(kind, _int):
-            return _none
-        if _issub(kind, _bytes):
-            return _decode(path, "utf-8", "surrogateescape")
-        if _issub(kind, _str):
-            return _concat("", path)
-        raise TypeError("unsupported path type")
-
-    def norm(path):
-        if not path.startswith("/"):
-            path = root + "/" + path
-        parts = []
-        for segment in path.split("/"):
-            if segment == "..":
-                if parts:
-                    parts.pop()
-            elif segment and segment != ".":
-                parts.append(segment)
-        return "/" + "/".join(parts) + "/"
-
-    def spend():
-        budget[0] -= 1
-        return budget[0] >= 0
-
-    def isdir(path):
-        try:
-            return (_stat(path).st_mode & 0o170000) == 0o040000
-        except _base:
-            return False
-
-    def check_open(args):
-        path = text(args[0])
-        if path is _none:
-            return _none
-        path = norm(path)
-        mode, flags = args[1], args[2]
-        writing = (_type(flags) is _int and flags & write_flags) or (
-            _type(mode) is _str and ("w" in mode or "a" in mode or "x" in mode or "+" in mode))
-        if writing and path == "/dev/null/" or writing and path.startswith(inside) and spend():
-            return _none
-        if writing:
-            return ("kill", ("write to " + path[:-1]) if budget[0] >= 0 else "too many files opened for writing")
-        if path.startswith(inside) or path[:-1] in files or path.startswith(readable) and not isdir(path[:-1]):
-            return _none
-        return ("kill", "read of " + path[:-1])
-
-    def check(event, args):
-        if event in kill_exact or event.startswith(kill_prefix):
-            return ("kill", event)
-        if event == "open":
-            return check_open(args)
-        if event == "sandbox.signal":
-            return set_signal(args)
-        if event in path_events:
-            for index in path_events[event]:
-                path = text(args[index])
-                if path is not _none and not norm(path).startswith(inside):
-                    return ("kill", event + " on " + norm(path)[:-1])
-            return _none if event != "os.mkdir" or spend() else ("kill", "too many directories")
-        if event in list_events:
-            path = text(args[0] if args[0] is not _none else ".")
-            ok = path is _none or norm(path).startswith(inside + readable)
-            return _none if ok else ("kill", event + " of " + norm(path)[:-1])
-        if event in soft or (event == "object.__getattr__" and args[1] in frame_attrs):
-            return ("soft", event)
-        if event == "import":
-            name = text(args[0])
-            if name in no_import or name.startswith(no_import_packages):
-                return ("import", name)
-            if args[1] is not _none and not norm(text(args[1])).startswith(readable):
-                return ("kill", "loading native module " + text(args[1]))
-        return _none
-
-    def set_signal(args):
-        signalnum, handler, box = args
-        if _type(handler) is not _int or _type(box) is not _list:
-            return ("kill", "installing a Python signal handler")
-        box.append(real_signal(signalnum, handler))
-        return _none
-
-    def hook(event, args):
-        try:
-            verdict = check(event, args)
-        except _base:
-            verdict = ("kill", "unsupported arguments to " + event)
-        if verdict is _none:
-            return
-        kind, what = verdict
-        if kind == "soft":
-            raise AttributeError("sandbox: " + what + " is not available")
-        if kind == "import":
-            raise ImportError("sandbox: module " + what + " is not available")
-        try:
-            _write(2, b"\n[sandbox " + tag + b"] blocked: " + what.encode("utf-8", "replace") + b"\n")
-        finally:
-            _exit(86)
-
-    import _posixsubprocess  # keep `import subprocess` working; its fork_exec now only reports a block
-
-    def fork_exec(*args, **kwargs):
-        _audit("_posixsubprocess.fork_exec")
-
-    _posixsubprocess.fork_exec = fork_exec
-    for module, name in ((os, "mkfifo"), (posix, "mkfifo"), (os, "mknod"), (posix, "mknod")):
-        if hasattr(module, name):
-            delattr(module, name)
-
-    def signal(signalnum, handler):  # Python handlers receive frames: only SIG_DFL/SIG_IGN (ints) pass
-        box = []
-        _audit("sandbox.signal", signalnum, handler, box)
-        return box[0] if box else _none
-
-    _signal.signal = signal
-    sys.addaudithook(hook)
-    main = type(sys)("__main__")
-    main.__file__ = root + "/main.py"
-    sys.modules["__main__"] = main
-    sys.argv[:] = ["main.py"]
-    del source, argv
-    exec(code, main.__dict__)  # from inside this frame, so that no module global holds the code object
-
-_sandbox(__import__("sys").argv)
-'''
+_BOOTSTRAP = (Path(__file__).with_name("sandbox_child.py")).read_text(encoding="utf-8")
 
 
 class SandboxError(RuntimeError):
@@ -229,7 +72,9 @@ class SandboxError(RuntimeError):
 class SandboxResult:
     """What a sandboxed run did. status: ok (exit 0), error (non-zero exit), timeout (wall or CPU
     limit), memory (MemoryError), killed (another signal), blocked (a refused action, named by
-    `blocked`). stdout/stderr: decoded, capped (`truncated`: output was discarded). seconds: wall time."""
+    `blocked`). stdout/stderr: decoded, capped (`truncated`: output was discarded). seconds: wall time.
+    layers: the barriers that were active ("landlock", "seccomp", "audit"). channel: the bytes the run
+    wrote to file descriptor CHANNEL_FD (only with `channel=True`; capped like stdout)."""
 
     status: str
     returncode: int | None
@@ -238,6 +83,8 @@ class SandboxResult:
     truncated: bool
     seconds: float
     blocked: str = ""
+    layers: tuple[str, ...] = ()
+    channel: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -246,6 +93,8 @@ class Isolation:
 
     network_namespace: bool
     drop_privileges: str  # "uid", "uid+read" (keeps CAP_DAC_READ_SEARCH), or "" (runs as the current user)
+    kernel_layers: tuple[str, ...] = ()  # of LAYER_NAMES, those this kernel and this install support
+    unavailable: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be used here
 
     def prefix(self, uid: int) -> list[str]:
         """The launcher commands that go before the interpreter."""
@@ -290,7 +139,9 @@ def isolation() -> Isolation:
             netns = bool(shutil.which("unshare")) and _probe(Isolation(True, "").prefix(uid), -1)
             levels = ("uid", "uid+read") if root and shutil.which("setpriv") else ()
             drop = next((level for level in levels if _probe(Isolation(netns, level).prefix(uid), uid)), "")
-            _ISOLATION = Isolation(netns, drop)
+            unavailable = child_layer_config(())[1]
+            kernel = tuple(name for name in LAYER_NAMES if name not in unavailable)
+            _ISOLATION = Isolation(netns, drop, kernel, unavailable)
         return _ISOLATION
 
 
@@ -341,14 +192,20 @@ def _write_files(workdir: str, code: str, files: dict[str, str] | None, uid: int
 
 
 class _Capture:
-    """Reads both pipes without blocking, keeping at most `limit` bytes of each."""
+    """Reads the child's pipes without blocking: stdout and stderr (at most `limit` bytes each, else
+    `truncated`), the control pipe (at most _CONTROL_LIMIT) and the optional result channel (`limit`)."""
 
-    def __init__(self, proc: subprocess.Popen, limit: int):
-        self.limit, self.truncated = limit, False
-        self.data = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    def __init__(self, proc: subprocess.Popen, limit: int, control: int, channel: int | None):
+        self.truncated = False
+        streams = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "control": control}
+        if channel is not None:
+            streams["channel"] = channel
+        self.names = {fd: name for name, fd in streams.items()}
+        self.limits = {name: (_CONTROL_LIMIT if name == "control" else limit) for name in streams}
+        self.data = {name: bytearray() for name in streams}
         self.selector = selectors.DefaultSelector()
-        for stream in (proc.stdout, proc.stderr):
-            self.selector.register(stream, selectors.EVENT_READ)
+        for fd in self.names:
+            self.selector.register(fd, selectors.EVENT_READ)
 
     @property
     def open(self) -> bool:
@@ -361,10 +218,15 @@ class _Capture:
             if not chunk:
                 self.selector.unregister(key.fileobj)
                 continue
-            buffer = self.data[key.fd]
-            room = self.limit - len(buffer)
-            self.truncated |= len(chunk) > room
+            name = self.names[key.fd]
+            buffer = self.data[name]
+            room = self.limits[name] - len(buffer)
+            if name in ("stdout", "stderr"):
+                self.truncated |= len(chunk) > room
             buffer += chunk[:max(room, 0)]
+
+    def text(self, name: str) -> str:
+        return bytes(self.data[name]).decode("utf-8", "replace")
 
 
 def _exited(pid: int) -> bool:
@@ -403,11 +265,23 @@ def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid:
     return timed_out, usage
 
 
+def _control_report(control: str) -> tuple[tuple[str, ...], str, str]:
+    """(layers, blocked reason, unconfined reason) from the child's control pipe. Only the first
+    `layers` line counts (the bootstrap writes it before the candidate runs), and only a reason from
+    the fixed vocabulary: a candidate writing to the pipe cannot put its own words in a report."""
+    lines = control.splitlines()
+    layers = tuple(lines[0][len("layers "):].split(",")) if lines and lines[0].startswith("layers ") else ()
+    blocked = next((line[len("blocked "):] for line in lines[1:] if line.startswith("blocked ")), "")
+    unconfined = lines[0][len("unconfined "):] if lines and lines[0].startswith("unconfined ") else ""
+    return layers, (blocked if blocked in child.BLOCK_REASONS else ""), unconfined
+
+
 def _classify(returncode: int | None, timed_out: bool, cpu_used: float, cpu_s: float, stderr: str,
-              tag: str) -> tuple[str, str]:
-    marker = f"[sandbox {tag}] blocked: "
-    if marker in stderr:
-        return "blocked", stderr.rsplit(marker, 1)[1].split("\n", 1)[0]
+              blocked: str) -> tuple[str, str]:
+    if returncode == BLOCKED_EXIT and blocked:
+        return "blocked", blocked
+    if returncode == -signal.SIGSYS:
+        return "blocked", KERNEL_BLOCK
     if timed_out or returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and cpu_used >= cpu_s - 0.05):
         return "timeout", ""
     last = stderr.strip().rsplit("\n", 1)[-1]
@@ -419,38 +293,91 @@ def _classify(returncode: int | None, timed_out: bool, cpu_used: float, cpu_s: f
 
 
 def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: float = 5.0, memory_mb: int = 512,
-               output_limit: int = 64_000, files: dict[str, str] | None = None) -> SandboxResult:
+               output_limit: int = 64_000, files: dict[str, str] | None = None, channel: bool = False,
+               allow_unconfined: bool | None = None, audit_hook: bool = True) -> SandboxResult:
     """Run `code` in a contained interpreter (see the module docstring for the barriers).
 
     stdin: text fed to the program. timeout_s: wall-clock limit. cpu_s: CPU-time limit (whole seconds,
     rounded up). memory_mb: address-space limit. output_limit: bytes kept of stdout and of stderr each.
-    files: extra text files (relative name -> content) placed in the working directory.
-    Never raises for anything the code does; raises ValueError for bad arguments and SandboxError
-    when the interpreter cannot be started.
+    files: extra text files (relative name -> content) placed in the working directory. channel: give
+    the code a pipe at file descriptor CHANNEL_FD whose bytes come back as `result.channel`.
+    allow_unconfined: run even where a kernel layer (Landlock, seccomp) is unavailable (default: the
+    MARL_SANDBOX_ALLOW_UNCONFINED environment variable, off); otherwise such a run raises SandboxError
+    before any code runs. audit_hook=False leaves the Python-level layer out, to test what the kernel
+    layers stop on their own (never do this to score code). Never raises for anything the code does; raises ValueError for bad arguments
+    and SandboxError when the interpreter cannot be started or cannot be confined.
     """
     _check_arguments(code, timeout_s, cpu_s, memory_mb, output_limit)
     setup, root = isolation(), os.geteuid() == 0
+    require = () if _unconfined_allowed(allow_unconfined) else LAYER_NAMES
+    _refuse_unconfined({name: why for name, why in setup.unavailable.items() if name in require})
     uid = _pick_uid() if setup.drop_privileges else None
     nproc = MAX_TASKS if uid is not None else (-1 if root else sum(_processes_of(os.getuid()).values()) + MAX_TASKS)
-    tag = secrets.token_hex(8)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
-    started, proc, capture = time.monotonic(), None, None
+    started, proc, capture, pipes = time.monotonic(), None, None, _Pipes(channel)
     try:
         _write_files(workdir, code, files, -1 if uid is None else uid)
-        limits = [int(-(-cpu_s // 1)), memory_mb * 2**20, FILE_LIMIT_BYTES, MAX_OPEN_FILES, nproc, WRITE_OPENS]
+        limits = {"cpu": int(-(-cpu_s // 1)), "memory": memory_mb * 2**20, "fsize": FILE_LIMIT_BYTES,
+                  "nofile": MAX_OPEN_FILES, "nproc": nproc, "write_opens": WRITE_OPENS}
+        config = dict(child_layer_config(require)[0], root=workdir, limits=limits, control_fd=pipes.control_w,
+                      channel_fd=pipes.channel_w, audit_hook=bool(audit_hook))
         argv = setup.prefix(uid if uid is not None else 0) + [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP,
-                                                              workdir, tag] + [str(v) for v in limits]
-        proc = _launch(argv, workdir, stdin)
-        capture = _Capture(proc, output_limit)
+                                                              json.dumps(config)]
+        proc = _launch(argv, workdir, stdin, pipes.child_ends())
+        pipes.close_child_ends()
+        capture = _Capture(proc, output_limit, pipes.control_r, pipes.channel_r)
         timed_out, usage = _supervise(proc, capture, timeout_s, uid)
         cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
-        stdout, stderr = (bytes(capture.data[stream.fileno()]).decode("utf-8", "replace")
-                          for stream in (proc.stdout, proc.stderr))
-        status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, tag)
-        return SandboxResult(status, proc.returncode, stdout, stderr, capture.truncated,
-                             time.monotonic() - started, blocked)
+        layers, blocked, unconfined = _control_report(capture.text("control"))
+        if unconfined and proc.returncode == child.UNCONFINED_EXIT:
+            _refuse_unconfined({"kernel": unconfined})
+        stderr = capture.text("stderr")
+        status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, blocked)
+        return SandboxResult(status, proc.returncode, capture.text("stdout"), stderr, capture.truncated,
+                             time.monotonic() - started, blocked, layers, bytes(capture.data.get("channel", b"")))
     finally:
         _cleanup(proc, capture, uid, workdir)
+        pipes.close()
+
+
+def _unconfined_allowed(allow_unconfined: bool | None) -> bool:
+    if allow_unconfined is not None:
+        return bool(allow_unconfined)
+    return os.environ.get(UNCONFINED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _refuse_unconfined(unavailable: dict[str, str]) -> None:
+    if unavailable:
+        reasons = "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        raise SandboxError(f"refusing to run untrusted code without the sandbox's kernel layers ({reasons}); "
+                           f"set {UNCONFINED_ENV}=1 to run it behind the audit hook only (not a security boundary)")
+
+
+class _Pipes:
+    """The control pipe (the bootstrap's reports) and the optional result channel; the parent keeps
+    the read ends, the child inherits the write ends."""
+
+    def __init__(self, channel: bool):
+        self.control_r, self.control_w = os.pipe()
+        self.channel_r, self.channel_w = os.pipe() if channel else (None, None)
+
+    def child_ends(self) -> tuple[int, ...]:
+        return tuple(fd for fd in (self.control_w, self.channel_w) if fd is not None)
+
+    def close_child_ends(self) -> None:
+        for name in ("control_w", "channel_w"):
+            self._close(name)
+
+    def close(self) -> None:
+        for name in ("control_r", "control_w", "channel_r", "channel_w"):
+            self._close(name)
+
+    def _close(self, name: str) -> None:
+        fd = getattr(self, name)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            setattr(self, name, None)
 
 
 def _check_arguments(code: str, timeout_s: float, cpu_s: float, memory_mb: int, output_limit: int) -> None:
@@ -462,13 +389,14 @@ def _check_arguments(code: str, timeout_s: float, cpu_s: float, memory_mb: int, 
             raise ValueError(f"{label} must be a number >= {least} (and > 0), got {value!r}")
 
 
-def _launch(argv: list[str], workdir: str, stdin: str) -> subprocess.Popen:
+def _launch(argv: list[str], workdir: str, stdin: str, pass_fds: tuple[int, ...]) -> subprocess.Popen:
     with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: any size without a writer thread
         stdin_file.write(stdin.encode("utf-8"))
         stdin_file.seek(0)
         try:
             return subprocess.Popen(argv, cwd=workdir, env=_child_env(workdir), stdin=stdin_file,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=pass_fds)
         except OSError as error:
             raise SandboxError(f"cannot start the sandboxed interpreter: {error}") from error
 
