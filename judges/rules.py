@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
+from judges.patterns import compile_pattern, escape as pattern_escape
 from judges.types import Candidate, Item, Judgment, failed, passed
 
 DEFAULT_MARKERS = ("final answer:", "answer:", "####")
@@ -209,11 +210,8 @@ class RegexVerifier(RuleVerifier):
         super().__init__(name)
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a string, got {type(pattern).__name__}")
-        self.flags = re.IGNORECASE if ignore_case else 0
-        try:
-            re.compile(pattern.replace("{answer}", "x"), self.flags)
-        except re.error as error:
-            raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {error}") from None
+        self.ignore_case = ignore_case
+        compile_pattern(pattern.replace("{answer}", "x"), ignore_case=ignore_case)  # RE2: linear-time matching
         self.pattern, self.whole_text, self.markers = pattern, whole_text, _strings(markers, "markers")
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
@@ -221,9 +219,13 @@ class RegexVerifier(RuleVerifier):
         if "{answer}" in pattern:
             if item.answer is None:
                 return failed("error", "the pattern uses {answer} but the item has no answer")
-            pattern = pattern.replace("{answer}", re.escape(str(item.answer)))
+            pattern = pattern.replace("{answer}", pattern_escape(str(item.answer)))
         answer = (candidate.text or "").strip() if self.whole_text else extract_answer(candidate.text, self.markers)
-        ok = re.fullmatch(pattern, answer, self.flags | re.DOTALL) is not None
+        try:
+            compiled = compile_pattern(pattern, dot_all=True, ignore_case=self.ignore_case)
+        except ValueError as error:
+            return failed("error", str(error))
+        ok = compiled.fullmatch(answer) is not None
         return passed(1.0 if ok else 0.0, f"{answer[:80]!r} {'matches' if ok else 'does not match'} {pattern!r}",
                       answer=answer)
 
@@ -277,6 +279,8 @@ def check_schema(schema: Any, path: str = "$") -> None:
     for name in [types] if isinstance(types, str) else types:
         if name not in _JSON_TYPES:
             raise ValueError(f"schema at {path}: unknown type {name!r} (known: {sorted(_JSON_TYPES)})")
+    if "pattern" in schema:
+        compile_pattern(schema["pattern"])  # refused now, not when the first answer is checked
     nested = [(key, sub) for key, sub in schema.get("properties", {}).items()]
     nested += [(key, schema[key]) for key in ("items", "additionalProperties") if isinstance(schema.get(key), dict)]
     for key, sub in nested:
@@ -300,7 +304,7 @@ def validate_json(value: Any, schema: dict, path: str = "$") -> str | None:
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", math.inf):
             return f"{path}: length {len(value)} outside [minLength, maxLength]"
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not compile_pattern(schema["pattern"]).search(value):
             return f"{path}: {value[:40]!r} does not match pattern {schema['pattern']!r}"
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", math.inf):
@@ -447,11 +451,8 @@ class ProcessVerifier(RuleVerifier):
         self.markers = _strings(markers, "markers")
         if not self.markers:
             raise ValueError("process needs at least one marker")
-        try:
-            self.patterns = [re.compile(marker if regex else r"\s+".join(map(re.escape, marker.split())),
-                                        re.IGNORECASE) for marker in self.markers]
-        except re.error as error:
-            raise ValueError(f"a process marker is not a valid regular expression: {error}") from None
+        self.patterns = [compile_pattern(marker if regex else r"\s+".join(map(pattern_escape, marker.split())),
+                                         ignore_case=True) for marker in self.markers]
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
         text = process_text(candidate)
@@ -473,10 +474,7 @@ class FormatVerifier(RuleVerifier):
         super().__init__(name)
         self.max_chars, self.min_chars, self.require_marker = max_chars, min_chars, require_marker
         self.forbidden, self.markers = _strings(forbidden, "forbidden"), _strings(markers, "markers")
-        try:
-            self.pattern = re.compile(pattern, re.DOTALL) if pattern is not None else None
-        except re.error as error:
-            raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {error}") from None
+        self.pattern = compile_pattern(pattern, dot_all=True) if pattern is not None else None
         if not self._checks(""):
             raise ValueError("format needs at least one check: max_chars, min_chars, pattern, require_marker "
                              "or forbidden")
