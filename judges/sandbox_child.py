@@ -8,8 +8,8 @@ defines the constants below, which the parent shares to read the child's reports
 3. Kernel layers, which no code in the process can lift afterwards, native code included:
    - Landlock (file system): reading only the standard library, the shared libraries it loads and a
      few devices; reading and writing only inside the run's temporary directory; no executing,
-     no devices, fifos, sockets or symlinks made. A second ruleset, where the kernel supports it,
-     refuses every TCP bind/connect and signals or abstract unix sockets outside the sandbox.
+     no devices, fifos, sockets or symlinks made. Where the kernel supports it (ABI 4, 6), the same
+     ruleset refuses every TCP bind/connect and signals or abstract unix sockets outside the sandbox.
    - seccomp-bpf (system calls): a filter the parent compiled with libseccomp; process creation
      (fork, vfork, clone without CLONE_THREAD, execve), sockets, signals, tracing, namespaces,
      mounts, io_uring, BPF, kernel keys and file handles end the process (SIGSYS).
@@ -139,16 +139,20 @@ def _landlock(config, root, sys, os, ctypes, libc):
     own permission checks already keep it out of them."""
     masks = config["landlock"]
 
-    class Attr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64)]
+    class Attr(ctypes.Structure):  # ABI 4 adds TCP bind/connect, ABI 6 signal and abstract-socket scopes
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
     class Beneath(ctypes.Structure):
         _pack_ = 1
         _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
     libc.syscall.restype = ctypes.c_long
-    attr = Attr(masks["handled"])
-    ruleset = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    abi = masks["abi"]
+    # One ruleset for all three: a second one handling no file rights would still refuse every rename
+    # across directories (REFER is always handled), even inside the run's own directory.
+    attr = Attr(masks["handled"], 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset: " + os.strerror(ctypes.get_errno()))
     try:
@@ -168,8 +172,6 @@ def _landlock(config, root, sys, os, ctypes, libc):
             raise OSError(ctypes.get_errno(), "landlock_restrict_self: " + os.strerror(ctypes.get_errno()))
     finally:
         os.close(ruleset)
-    if masks["abi"] >= 4:
-        _landlock_scope(masks["abi"], ctypes, libc, os)
 
 
 def _landlock_rules(config, root, sys, os, masks):
@@ -193,27 +195,6 @@ def _landlock_rules(config, root, sys, os, masks):
     for path in config["read_files"]:
         yield path, masks["read_file"]
     yield "/dev/null", masks["read_file"] | masks["write_file"]
-
-
-def _landlock_scope(abi, ctypes, libc, os):
-    """A second ruleset the `landlock` package cannot express: no TCP bind/connect (ABI 4) and, from
-    ABI 6, no signals to and no abstract unix sockets of processes outside this sandbox."""
-
-    class Attr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
-
-    attr = Attr(0, 0b11, 0b11 if abi >= 6 else 0)
-    size = ctypes.sizeof(Attr) if abi >= 6 else 16
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset (network and scope): "
-                      + os.strerror(ctypes.get_errno()))
-    try:
-        if libc.syscall(ctypes.c_long(446), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self: " + os.strerror(ctypes.get_errno()))
-    finally:
-        os.close(fd)
 
 
 def _seccomp(program, ctypes, libc, os):
