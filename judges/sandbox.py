@@ -1,32 +1,30 @@
 """Run untrusted Python in a contained subprocess (the code-tests verifier's engine).
 
 `run_python(code)` runs `code` with `python -I -S -B` (no site-packages, no PYTHON* variables, no
-bytecode) in a fresh temporary directory, deleted afterwards. What protects against what:
+bytecode) in a fresh temporary directory, deleted afterwards. The barriers, outermost first (the
+child's bootstrap, judges/sandbox_child.py, installs the in-process ones before the code's first line):
 
-- Time: a wall-clock deadline (SIGKILL to the process group and, as root, to every process of the
-  run's own uid) and RLIMIT_CPU. Memory: RLIMIT_AS. Disk: RLIMIT_FSIZE per file and at most
-  WRITE_OPENS opens for writing or mkdirs; RLIMIT_NOFILE; RLIMIT_CORE = 0. Output: `output_limit`
-  bytes each of stdout and stderr are kept (`truncated`).
-- Environment secrets: the child gets a fresh environment (PATH, LANG, LC_ALL, HOME, TMPDIR).
-- Network: an audit hook (installed before the code's first line; it cannot be removed) ends the
-  process on any `socket.*` event, before a socket exists; where `unshare --net` works (root or
-  unprivileged user namespaces) the child also runs in an empty network namespace.
-- Processes: the hook ends the process on fork/exec/spawn/system/Popen/kill/fork_exec events, ctypes
-  cannot be imported, and RLIMIT_NPROC backs this up. Root ignores RLIMIT_NPROC, so as root the
-  child runs through `setpriv` under a random uid/gid of its own (no groups, no-new-privs; keeping
-  only CAP_DAC_READ_SEARCH if the interpreter is unreadable to other users, e.g. under /root).
-- Files: writing (open for writing, os.remove/rename/mkdir/chmod/..., shutil.rmtree) only inside the
-  temporary directory, judged on lexically normalised paths (sound because chdir, symlink and link
-  are refused and no outside directory can be opened, so any dir_fd points inside); reading only
-  there and in the standard library (not /proc, the project, the parent's files); native modules
-  only from the standard library; no mkfifo/mknod. A dropped uid also meets the kernel's checks.
-- Introspection that could reach a harness's secrets (sys._getframe, frames of tracebacks and
-  generators, gc.get_objects/referrers/referents, settrace/setprofile) raises AttributeError, and
-  Python signal handlers (they receive frames) cannot be installed: `traceback.format_exc()`,
-  `inspect.stack()`, `signal.signal` and asyncio's loop (a socketpair) do not work in the sandbox.
-  An audit hook is not a security boundary on its own; the kernel-level barriers contain native code.
-A blocked action ends the child at once (exit 86, status "blocked", `blocked` says what). A failure
-of the sandbox itself (the interpreter cannot start) raises `SandboxError`.
+- Launch: a fresh environment (PATH, LANG, LC_ALL, HOME, TMPDIR); an empty network namespace where
+  `unshare --net` works; as root, a random uid/gid of its own through `setpriv` (no groups,
+  no-new-privs; keeping only CAP_DAC_READ_SEARCH if the interpreter is unreadable to other users).
+- Resource limits: a wall-clock deadline (SIGKILL to the process group and every process of the
+  run's uid), RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE per file, RLIMIT_NOFILE, RLIMIT_NPROC, no core
+  dumps; `output_limit` bytes each of stdout and stderr are kept (`truncated`).
+- Landlock (kernel): files can be read only in the standard library, the shared libraries it loads
+  and a few devices, and read or written only inside the run's directory; no execution, devices,
+  fifos, unix sockets or symlinks; where the kernel has them, no TCP bind/connect and no signals
+  or abstract unix sockets across the sandbox boundary.
+- seccomp-bpf (kernel; judges/sandbox_layers.py lists the calls): process creation (fork, vfork,
+  clone without CLONE_THREAD, execve), sockets, signals, ptrace, namespaces, mounts, io_uring, BPF,
+  kernel keys and file handles end the process with SIGSYS (status "blocked", KERNEL_BLOCK).
+- The audit hook (Python-level, a second layer with precise reasons): refuses the same actions at
+  the Python API and hides frames (sys._getframe, traceback/generator frames, gc.get_objects/...,
+  settrace, Python signal handlers), so a harness's locals are hard to reach even from Python.
+The kernel layers are required: where Landlock or seccomp is unavailable, run_python raises
+SandboxError before any code runs, unless the caller opts out (allow_unconfined=True or
+MARL_SANDBOX_ALLOW_UNCONFINED=1). `SandboxResult.layers` names the layers active in each run.
+A refused action ends the child at once (status "blocked"; `blocked` is a phrase from a fixed
+vocabulary, never text of the candidate's choosing). A failure of the sandbox itself raises SandboxError.
 """
 
 from __future__ import annotations
@@ -143,6 +141,16 @@ def isolation() -> Isolation:
             kernel = tuple(name for name in LAYER_NAMES if name not in unavailable)
             _ISOLATION = Isolation(netns, drop, kernel, unavailable)
         return _ISOLATION
+
+
+def describe() -> str:
+    """One line naming the barriers that this machine gives sandboxed code (for run logs and reports)."""
+    setup = isolation()
+    parts = list(setup.kernel_layers) + ["audit hook", "rlimits"]
+    parts += ["network namespace"] if setup.network_namespace else []
+    parts += [f"own uid ({setup.drop_privileges})"] if setup.drop_privileges else []
+    missing = "; ".join(f"{name} unavailable: {why}" for name, why in setup.unavailable.items())
+    return "sandbox layers: " + ", ".join(parts) + (f" ({missing})" if missing else "")
 
 
 def _pick_uid() -> int:
