@@ -33,7 +33,8 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
-from marl.graph import build_visibility, turn_order, visible_speakers
+from judges.patterns import compile_pattern
+from marl.graph import build_visibility, episode_turns, visible_speakers
 from marl.rewards import EpisodeScorer
 from marl.scenario import Scenario, load_scenario
 from marl.types import Task
@@ -71,9 +72,10 @@ class ScenarioEnv(ParallelEnv):
         self.agents: list[str] = []
         self.tasks = list(tasks) if tasks is not None else scenario.tasks()
         self.visibility = build_visibility(self.possible_agents, spec.graph)
-        self.turns = turn_order(self.possible_agents, spec.graph) * spec.graph.rounds
+        self.turns = episode_turns(self.possible_agents, spec.graph)  # lazy: rounds never build a list
         self.max_cycles = max_cycles if max_cycles is not None else len(self.turns)
-        self._end_on = re.compile(spec.graph.end_on) if spec.graph.end_on else None
+        # RE2: model output cannot make the match take more than linear time (no catastrophic backtracking)
+        self._end_on = compile_pattern(spec.graph.end_on) if spec.graph.end_on else None
         self._agent_spec = {agent.name: agent for agent in spec.agents}
         self._observation_spaces = {a: text_space(spec.observation_max_chars) for a in self.possible_agents}
         self._action_spaces = {a: text_space(spec.action_max_chars) for a in self.possible_agents}
@@ -251,7 +253,7 @@ def _agent_tool_registries(scenario: Scenario) -> dict:
     registries = {}
     for agent in scenario.spec.agents:
         if agent.tools:
-            specs = [ToolSpec(name=t.name, function=scenario.resolve(t.function), description=t.description,
+            specs = [ToolSpec(name=t.name, function=scenario.resolve_tool(t.function), description=t.description,
                               parameters=t.parameters, timeout_s=t.timeout_s)
                      for t in (declared[name] for name in agent.tools)]
             registries[agent.name] = ToolRegistry(specs, max_calls=scenario.spec.max_tool_calls_per_turn)

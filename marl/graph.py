@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -78,6 +79,31 @@ def turn_order(agent_names: list[str], graph: GraphSpec) -> list[tuple[str, ...]
     visibility = build_visibility(agent_names, graph)
     rank = {name: index for index, name in enumerate(agent_names)}
     return [tuple(sorted(layer, key=rank.__getitem__)) for layer in nx.topological_generations(visibility)]
+
+
+class TurnSchedule(Sequence):
+    """The turns of a whole episode, `rounds` repetitions of one round, computed on demand (never a list
+    as long as rounds x turns: a huge `rounds` costs no memory)."""
+
+    def __init__(self, one_round: list[tuple[str, ...]], rounds: int):
+        self.one_round, self.rounds = list(one_round), int(rounds)
+
+    def __len__(self) -> int:
+        return len(self.one_round) * self.rounds
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("turn index out of range")
+        return self.one_round[index % len(self.one_round)]
+
+
+def episode_turns(agent_names: list[str], graph: GraphSpec) -> TurnSchedule:
+    """Every turn of an episode: the round's turn order, `graph.rounds` times (lazily)."""
+    return TurnSchedule(turn_order(agent_names, graph), graph.rounds)
 
 
 def visible_speakers(visibility: nx.DiGraph, listener: str) -> set[str]:

@@ -11,24 +11,23 @@ of a pass are collected, so a user fixes a file in one go. Each is printed as
 
 from __future__ import annotations
 
+import copy
 import json
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from marl.graph import check_graph
 from judges.imports import resolve_callable
+from marl import scenario_checks
 from marl.spec import ScenarioSpec, TaskSpec
 from marl.types import Task
-from marl.yaml_positions import YamlSyntaxError, load_with_positions, locate
+from marl.yaml_positions import MAX_BYTES, YamlSyntaxError, decode_yaml_bytes, load_with_positions, locate
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "scenarios"
-TEMPLATE_FIELD = re.compile(r"\{(msg|task)\.([A-Za-z0-9_]+)\}")
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,17 @@ class Scenario:
     spec: ScenarioSpec
     base_dir: Path
     file: str = "<scenario>"
+    positions: dict = field(default_factory=dict, compare=False, repr=False)  # key path -> (line, column)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, reference: str):
         """The callable named by a 'module:function' reference of this scenario."""
         return resolve_callable(reference, self.base_dir)
+
+    def resolve_tool(self, reference: str):
+        """The tool function named by 'module:function', only from the scenario's folder or an allowed
+        module (marl.scenario_checks.resolve_tool); ValueError otherwise."""
+        return scenario_checks.resolve_tool(reference, self.base_dir)
 
     def tasks(self) -> list[Task]:
         """Every task of the scenario (inline, JSONL or generated), loaded once."""
@@ -105,9 +110,9 @@ def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str]
         path = find_scenario(source)
         file, base_dir = str(path), path.resolve().parent
         try:
-            data, positions = load_with_positions(path.read_text())
+            data, positions = load_with_positions(_read_text(path))
         except YamlSyntaxError as error:
-            raise ScenarioError([Problem(file, error.line, error.column, (), error.message)]) from None
+            raise ScenarioError([Problem(file, error.line, error.column, error.path, error.message)]) from None
     if not isinstance(data, dict):
         raise ScenarioError([Problem(file, 1, 1, (), "a scenario file must be a mapping of sections "
                                      "(name, agents, tasks, rewards, ...)")])
@@ -120,21 +125,69 @@ def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str]
     return _checked(spec, positions, base_dir, file, overridden)
 
 
+def _read_text(path: Path) -> str:
+    """The text of a scenario file: bounded in size, UTF-8 (YamlSyntaxError otherwise)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise YamlSyntaxError(1, 1, f"cannot read the file ({error.strerror or error})") from None
+    return decode_yaml_bytes(data)
+
+
 def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, set]:
-    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set."""
-    data = json.loads(json.dumps(data))  # deep copy of plain data
+    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set.
+
+    A path may go through mappings (created when missing) and existing list entries (`agents.0.name`);
+    anything else (`name.x`, `agents.9.name`, a value that is not YAML) is a ScenarioError.
+    """
+    data = copy.deepcopy(data)
     overridden = set()
     for item in overrides:
-        if "=" not in item:
-            raise ScenarioError([Problem(file, 0, 0, (), f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")])
-        key, raw = item.split("=", 1)
+        key, _, raw = item.partition("=")
         path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
-        node = data
-        for part in path[:-1]:
-            node = node[part] if isinstance(node, list) else node.setdefault(part, {})
-        node[path[-1]] = yaml.safe_load(raw)
+        if "=" not in item or not all(str(part) for part in path):
+            raise _override_error(file, key, f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
+        try:
+            value = load_with_positions(raw)[0]
+        except YamlSyntaxError as error:
+            raise _override_error(file, key, f"--set {item!r}: the value is not valid YAML ({error.message}); "
+                                             "quote text, e.g. KEY=\"'[1'\"") from None
+        _set_path(data, path, value, item, file)
         overridden.add(path)
     return data, overridden
+
+
+def _override_error(file: str, key: str, message: str) -> ScenarioError:
+    key = key.strip()
+    label = f"{file} (--set {key})" if key else file
+    return ScenarioError([Problem(label, 0, 0, tuple(key.split(".")) if key else (), message)])
+
+
+def _set_path(data, path: tuple, value, item: str, file: str) -> None:
+    """data[path] = value, through existing mappings and list entries; ScenarioError where it cannot go."""
+    node, key = data, ".".join(map(str, path))
+    for depth, part in enumerate(path):
+        where = ".".join(map(str, path[:depth])) or "the file"
+        last = depth == len(path) - 1
+        if isinstance(node, dict):
+            part = str(part)
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        elif isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                span = f"indices 0-{len(node) - 1}" if node else "none"
+                raise _override_error(file, key, f"--set {item!r}: {where} is a list of {len(node)} entries "
+                                                 f"({span}); {part!r} is not one of them")
+            if last:
+                node[part] = value
+            else:
+                node = node[part]
+        else:
+            raise _override_error(file, key, f"--set {item!r}: {where} is a {type(node).__name__} ({node!r:.40}), "
+                                             f"not a section with keys; set {where}=VALUE instead")
 
 
 def _where(path, positions, file, overridden) -> tuple[str, int, int]:
@@ -196,6 +249,7 @@ def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
     else:
         got = error.get("input")
         shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
         message = f"{error['msg'].removeprefix('Value error, ')} (got {shown})"
         if got is None and any(path[:len(p)] == p for p in overridden):
             message += "; --set values are YAML, where null and ~ mean nothing: quote a word, e.g. KEY=\"'null'\""
@@ -204,7 +258,7 @@ def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
 
 
 def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden: set) -> Scenario:
-    scenario = Scenario(spec=spec, base_dir=base_dir, file=file)
+    scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions)
     problems = [Problem(*_where(path, positions, file, overridden), path, message)
                 for path, message in check_semantics(scenario)]
     if problems:
@@ -232,6 +286,8 @@ def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
     problems += _reward_problems(scenario)
     problems += _reference_problems(scenario)
     problems += _template_problems(spec, names)
+    if spec.graph.end_on is not None and (problem := scenario_checks.pattern_problem(spec.graph.end_on)):
+        problems.append((("graph", "end_on"), f"{problem} (graph.end_on is matched against whole messages)"))
     return problems
 
 
@@ -293,6 +349,10 @@ def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
                 problems.append((path + ("kind",), f"unknown scorer kind {scorer.kind!r} (rule kinds: "
                                  f"{', '.join(KNOWN_KINDS)}; or the name of a judge under `judges`)"))
                 continue
+            database = scorer.params().get("database") if scorer.kind == "sql" else None
+            if database is not None and (problem := scenario_checks.database_problem(database, scenario.base_dir)):
+                problems.append((path + ("database",), problem))
+                continue
             try:
                 build_scorer(scorer.kind, scorer.params(), scenario.base_dir)
             except (ValueError, TypeError) as error:
@@ -337,15 +397,17 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
 
 def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     spec, problems = scenario.spec, []
-    references = [(("expert",), spec.expert), (("tasks", "generator"), spec.tasks.generator)]
-    references += [(("tools", i, "function"), tool.function) for i, tool in enumerate(spec.tools)]
-    for path, reference in references:
+    references = [(("expert",), spec.expert, scenario.resolve), (("tasks", "generator"), spec.tasks.generator,
+                                                                    scenario.resolve)]
+    references += [(("tools", i, "function"), tool.function, scenario.resolve_tool) for i, tool in enumerate(spec.tools)]
+    for path, reference, resolve in references:
         if reference is None:
             continue
         try:
-            scenario.resolve(reference)
+            resolve(reference)
         except ValueError as error:
-            problems.append((path, f"{error} (fix the 'module:function' path)"))
+            fix = "" if str(error).endswith("next to the scenario") else " (fix the 'module:function' path)"
+            problems.append((path, f"{error}{fix}"))
     if spec.tasks.jsonl is not None and not (scenario.base_dir / spec.tasks.jsonl).is_file():
         problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} not found next to the scenario "
                          f"(looked in {scenario.base_dir})"))
@@ -353,12 +415,11 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
 
 
 def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:
+    """Observation templates use known fields and bounded format specs (marl.scenario_checks)."""
     problems = []
     for index, agent in enumerate(spec.agents):
-        for kind, key in TEMPLATE_FIELD.findall(agent.observation or ""):
-            if kind == "msg" and key not in names:
-                problems.append((("agents", index, "observation"),
-                                 f"{{msg.{key}}} names no agent (known: {', '.join(names)})"))
+        for message in scenario_checks.template_problems(agent.observation or "", names):
+            problems.append((("agents", index, "observation"), message))
     return problems
 
 
@@ -389,25 +450,35 @@ def _first_line(error: Exception) -> str:
 
 
 def _generate(scenario: Scenario) -> list[dict]:
-    """Call the task generator; any failure becomes a ScenarioError naming the generator."""
+    """Call the task generator under tasks.timeout_s; any failure becomes a ScenarioError naming it."""
     spec = scenario.spec.tasks
     try:
-        produced = list(scenario.resolve(spec.generator)(seed=spec.seed, count=spec.count))
+        generator = scenario.resolve(spec.generator)
+        return scenario_checks.run_generator(generator, spec.generator, spec.seed, spec.count, spec.timeout_s)
+    except scenario_checks.GeneratorProblem as problem:
+        message = f"{problem} (fix the generator)"
     except Exception as error:  # noqa: BLE001 - user code: report it, never a traceback
-        raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks", "generator"),
-                                     f"{spec.generator} raised {type(error).__name__}: {error} "
-                                     "(fix the generator)")]) from None
-    return [task if isinstance(task, dict) else dict(vars(task)) for task in produced]
+        message = f"{spec.generator} raised {type(error).__name__}: {_first_line(error)} (fix the generator)"
+    line, column = locate(scenario.positions, ("tasks", "generator"))
+    raise ScenarioError([Problem(scenario.file, line, column, ("tasks", "generator"), message)])
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows, problems = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"the file is not UTF-8 (byte "
+                                     f"{error.start}); save it as UTF-8")]) from None
+    except OSError as error:
+        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"cannot read the file "
+                                     f"({error.strerror or error})")]) from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             rows.append(TaskSpec.model_validate(json.loads(line)).model_dump())
-        except (json.JSONDecodeError, ValidationError) as error:
+        except (json.JSONDecodeError, ValidationError, RecursionError) as error:
             problems.append(Problem(str(path), number, 1, ("tasks", "jsonl"), f"bad task line: {error}".splitlines()[0]))
     if problems:
         raise ScenarioError(problems)

@@ -16,12 +16,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
+MAX_TASKS = 1_000_000  # tasks asked of a generator
 
 
 class Strict(BaseModel):
     """Base of every section: unknown keys are rejected and specs are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .inf/.nan are never settings
 
 
 class AgentSpec(Strict):
@@ -55,8 +57,10 @@ class GraphSpec(Strict):
                                    "layer act together); or the explicit `schedule`")
     schedule: list[str | list[str]] | None = Field(
         None, description="with order=schedule: the turns of one round; a list entry = agents acting together")
-    rounds: int = Field(1, ge=1, description="rounds of the turn order before the episode ends")
-    end_on: str | None = Field(None, description="regex; the episode ends early when a message fully matches it")
+    rounds: int = Field(1, ge=1, le=MAX_ROUNDS, description="rounds of the turn order before the episode ends")
+    end_on: str | None = Field(None, description="regex (RE2 syntax: linear-time matching, no backreferences or "
+                                                 "lookaround); the episode ends early when a message fully "
+                                                 "matches it")
 
 
 class TaskVariant(Strict):
@@ -85,7 +89,9 @@ class TasksSpec(Strict):
     jsonl: str | None = Field(None, description="path of a JSONL file, relative to the scenario file")
     generator: str | None = Field(None, description="'module:function' called as function(seed=..., count=...)")
     seed: int = 0
-    count: int = Field(100, ge=1, description="tasks asked of a generator")
+    count: int = Field(100, ge=1, le=MAX_TASKS, description="tasks asked of a generator")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds the generator may take before "
+                                                                "validation reports it")
     eval_count: int = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
 
     @model_validator(mode="after")
@@ -110,7 +116,7 @@ class ToolDecl(Strict):
 class ScorerSpec(BaseModel):
     """A rule verifier (or, later, a judge) in a reward layer: `kind` plus that kind's parameters."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     kind: str = Field(description="exact, numeric, regex, contains, json_schema, callable, sql, code_tests, "
                                   "tool_use, process, format (or a judge name from `judges`)")
     weight: float = Field(1.0, ge=0, description="weight within its layer")

@@ -87,8 +87,8 @@ def test_bad_import_path(tmp_path):
 
 def test_yaml_syntax_error(tmp_path):
     problems, file = _problems(tmp_path, GOOD.replace("  edges: [[a, b]]", "  edges: [[a, b]"))
-    assert len(problems) == 1 and problems[0].startswith(f"{file}:7:")
-    assert "YAML syntax error" in problems[0]
+    assert problems == [f"{file}:6:10: (file): YAML syntax error: the flow sequence that begins here is not closed "
+                        "(expected ',' or ']', but got '<scalar>' at line 7 column 3); close it"]
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
