@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import threading
 from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 RESPONSE_STATUSES = ("ok", "api_error", "timeout", "truncated", "refusal")
 T = TypeVar("T")
+MAX_RESPONSE_BYTES = 1_000_000  # the default cap on one answer (its HTTP body, or its text and logprobs)
+LOGPROB_TOLERANCE = 1e-3  # a logprob a little above 0 is rounding noise (fp16 log_softmax); more is invalid
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,48 @@ class ChatResponse:
         """Inverse of to_json."""
         logprobs = data.get("token_logprobs")
         return cls(**{**data, "token_logprobs": tuple(logprobs) if logprobs is not None else None})
+
+
+def response_size(response: ChatResponse) -> int:
+    """About how many bytes the answer holds: its UTF-8 text plus its logprob tables."""
+    size = len(response.text.encode("utf-8", "replace"))
+    for alternatives in response.token_logprobs or ():
+        size += sum(len(token.encode("utf-8", "replace")) + 8 for token in alternatives)
+    return size
+
+
+def _logprob_problem(token_logprobs) -> str | None:
+    """Why the logprob tables cannot be probabilities (non-finite or above 0), or None when they can."""
+    for position, alternatives in enumerate(token_logprobs or ()):
+        for token, logprob in alternatives.items():
+            if not isinstance(logprob, int | float) or isinstance(logprob, bool) or not math.isfinite(logprob):
+                return f"logprob {logprob!r} of token {token!r} at position {position} is not a finite number"
+            if logprob > LOGPROB_TOLERANCE:
+                return (f"logprob {logprob!r} of token {token!r} at position {position} is above 0 "
+                        "(a probability above 1)")
+    return None
+
+
+def response_problem(response: ChatResponse, max_bytes: int | None = MAX_RESPONSE_BYTES) -> str | None:
+    """Why an answer must not be used as one (too large, or logprobs that are not probabilities), or None.
+
+    Only answers with content (ok, truncated) are checked; failures already carry their reason.
+    """
+    if response.status not in ("ok", "truncated"):
+        return None
+    if max_bytes is not None and (size := response_size(response)) > max_bytes:
+        return f"response too large: {size} bytes > the cap of {max_bytes} bytes (max_response_bytes)"
+    problem = _logprob_problem(response.token_logprobs)
+    return f"invalid response: {problem}" if problem else None
+
+
+def checked_response(response: ChatResponse, max_bytes: int | None = MAX_RESPONSE_BYTES) -> ChatResponse:
+    """`response`, or an api_error response saying why it cannot be used (never cached, never a score)."""
+    problem = response_problem(response, max_bytes)
+    if problem is None:
+        return response
+    return ChatResponse("api_error", error=problem, finish_reason=response.finish_reason, usage=response.usage,
+                        latency=response.latency, cached=response.cached, attempts=response.attempts)
 
 
 @runtime_checkable

@@ -17,6 +17,12 @@ reproduces the original run. Failures (`api_error`, `timeout`) are never cached:
 about the request and asking again may succeed. Refusals are not cached either: provider-side
 moderation is not a stable function of the request, so a refusal is asked again next time.
 
+Nothing that is not a usable answer is stored or served: a response whose logprobs are NaN,
+infinite or above 0, or whose text and logprobs exceed `max_entry_bytes` (default 1 MB, the
+backend's default answer cap), is refused by `store` (so the cache cannot grow from huge answers), and
+such an entry written by an older version is a miss on `lookup` (deleted in read_write mode), so the
+request is asked again. Entries are strict JSON (no NaN or Infinity).
+
 A cached response comes back with `cached=True`, `latency=0.0` and `attempts=0` (no network work).
 One connection serves the cache, guarded by a lock, in WAL mode; it may be used from any one thread
 at a time (in practice the event loop thread of the backend).
@@ -30,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from judges.backend import ChatRequest, ChatResponse
+from judges.backend import MAX_RESPONSE_BYTES, ChatRequest, ChatResponse, response_problem
 
 CACHE_MODES = ("off", "read_write", "read_only", "replay_strict")
 CACHEABLE_STATUSES = ("ok", "truncated")
@@ -62,14 +68,16 @@ class JudgeCache:
     """SQLite cache of `ChatResponse`s keyed by request and backend identity.
 
     path: the database file (parent folders are created in writable modes); ":memory:" for a
-    throwaway cache. mode: one of CACHE_MODES.
+    throwaway cache. mode: one of CACHE_MODES. max_entry_bytes: the largest answer stored or served.
     """
 
-    def __init__(self, path: str | Path, mode: str = "read_write"):
+    def __init__(self, path: str | Path, mode: str = "read_write", max_entry_bytes: int = MAX_RESPONSE_BYTES):
         if mode not in CACHE_MODES:
             raise ValueError(f"cache mode {mode!r} is not one of {CACHE_MODES}")
         self.path = str(path)
         self.mode = mode
+        self.max_entry_bytes = int(max_entry_bytes)
+        self.refused = 0  # responses store() would not keep (invalid or too large)
         self.hits = 0
         self.misses = 0
         self.writes = 0
@@ -129,16 +137,35 @@ class JudgeCache:
         if not self.readable:
             return None
         key = request.key(identity)
-        row = self._fetch(key)
-        if row is None:
+        response, why = self._decode(self._fetch(key))
+        if response is None:
             self.misses += 1
+            if why and self.writable:
+                self._delete(key)
             if self.mode == "replay_strict":
-                raise CacheMiss(f"replay_strict cache {self.path!r} has no response for backend {identity!r}, "
+                reason = f"an unusable entry ({why})" if why else "no response"
+                raise CacheMiss(f"replay_strict cache {self.path!r} has {reason} for backend {identity!r}, "
                                 f"request key {key[:16]}..., last user message: {_preview(request)!r}")
             return None
         self.hits += 1
-        data = json.loads(row)
-        return ChatResponse.from_json({**data, "cached": True, "latency": 0.0, "attempts": 0})
+        return response
+
+    def _decode(self, row: str | None) -> tuple[ChatResponse | None, str]:
+        """(the cached response, "") or (None, why the stored entry is unusable; "" when there is none)."""
+        if row is None:
+            return None, ""
+        try:
+            data = json.loads(row)
+            response = ChatResponse.from_json({**data, "cached": True, "latency": 0.0, "attempts": 0})
+        except (ValueError, TypeError) as error:
+            return None, f"unreadable: {error}"
+        problem = response_problem(response, self.max_entry_bytes)
+        return (None, problem) if problem else (response, "")
+
+    def _delete(self, key: str) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.execute("DELETE FROM responses WHERE key = ?", (key,))
 
     def _fetch(self, key: str) -> str | None:
         with self._lock:
@@ -154,7 +181,14 @@ class JudgeCache:
         """Store `response` if the mode writes and its status is cacheable; True when stored."""
         if not self.writable or response.status not in CACHEABLE_STATUSES:
             return False
-        data = {**response.to_json(), "cached": False}
+        if response_problem(response, self.max_entry_bytes) is not None:
+            self.refused += 1
+            return False
+        try:
+            blob = json.dumps({**response.to_json(), "cached": False}, allow_nan=False)
+        except (TypeError, ValueError):  # a usage count or text that is not plain JSON
+            self.refused += 1
+            return False
         request_blob = json.dumps({"messages": list(request.messages), "max_tokens": request.max_tokens,
                                    "temperature": request.temperature, "logprobs": request.logprobs,
                                    "top_logprobs": request.top_logprobs, "seed": request.seed})
@@ -164,7 +198,7 @@ class JudgeCache:
             self._connection.execute(
                 "INSERT OR REPLACE INTO responses (key, identity, status, request, response, created) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (request.key(identity), identity, response.status, request_blob, json.dumps(data), time.time()))
+                (request.key(identity), identity, response.status, request_blob, blob, time.time()))
         self.writes += 1
         return True
 

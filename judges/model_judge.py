@@ -4,7 +4,10 @@ Every judge is a `Scorer` (`score(item, candidates) -> list[Judgment]`, or `awai
 model judge and a rule verifier are interchangeable in a reward spec. Judges talk to a `ChatBackend`
 (judges.backend) and never raise for an endpoint failure: a failed call, an unparseable verdict or
 an out-of-range rating becomes a failed Judgment (status api_error, timeout, truncated, refusal,
-parse_error) without a score.
+parse_error) without a score. Whatever the backend, every answer is checked first
+(`judges.backend.checked_response`): logprobs that are NaN, infinite or above 0, or an answer above
+the size cap, fail the judgment ("invalid response: ..."); and a score that comes out non-finite or
+outside [0, 1] is a failed judgment (status error), never a number.
 
 - Pointwise: a rating on an integer scale, mapped to [0, 1]. With logprobs, the score is the
   probability-weighted rating (G-Eval); without, the parsed label. Which one was used is recorded in
@@ -24,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from judges.backend import ChatBackend, ChatRequest, ChatResponse, run_sync
+from judges.backend import ChatBackend, ChatRequest, ChatResponse, checked_response, run_sync
 from judges.prompts import (DEFAULT_RUBRIC, LISTWISE_SYSTEM, PAIRWISE_SYSTEM, POINTWISE_SYSTEM, listwise_messages,
                             pairwise_messages, parse_pairwise, parse_ranking, parse_rating, pointwise_messages,
                             template_hash)
@@ -52,7 +55,10 @@ class ModelJudge:
         return f"{self.kind}|{self.backend.identity}|{template_hash(self.rubric, *self.templates)}|{settings}"
 
     async def _ask(self, messages: tuple) -> ChatResponse:
-        return await self.backend.complete(ChatRequest(messages=tuple(messages), **self.settings))
+        """The backend's answer, or an api_error when it cannot be used (see checked_response)."""
+        response = await self.backend.complete(ChatRequest(messages=tuple(messages), **self.settings))
+        limit = getattr(self.backend, "max_response_bytes", None)
+        return checked_response(response, limit) if limit else checked_response(response)
 
     def score(self, item: Item, candidates: Sequence[Candidate]) -> list[Judgment]:
         """One Judgment per candidate (sync wrapper of `ascore`)."""
@@ -70,14 +76,26 @@ def _failed_response(response: ChatResponse) -> Judgment | None:
 
 
 def _label_distribution(response: ChatResponse, labels: Sequence[str]) -> dict[str, float] | None:
-    """Normalised probabilities of `labels` at the last generated position where they appear."""
+    """Normalised probabilities of `labels` at the last generated position where they appear.
+
+    Logprobs are clipped at 0 (checked_response already refused any clearly above it); a position whose
+    labels all have probability 0 (logprobs of -1e9) carries no distribution.
+    """
     for alternatives in reversed(response.token_logprobs or ()):
-        found = {label: math.exp(lp) for token, lp in alternatives.items()
+        found = {label: math.exp(min(lp, 0.0)) for token, lp in alternatives.items()
                  if (label := token.strip()) in labels}
-        if found:
-            total = sum(found.values())
+        total = sum(found.values())
+        if found and total > 0 and math.isfinite(total):
             return {label: found.get(label, 0.0) / total for label in labels}
     return None
+
+
+def _bounded(judgment: Judgment) -> Judgment:
+    """The judgment, or a failed one when its score is not a finite number in [0, 1]."""
+    if judgment.ok and not (math.isfinite(judgment.score) and 0.0 <= judgment.score <= 1.0):
+        return failed("error", f"the judge's score {judgment.score!r} is not a finite number in [0, 1]",
+                      raw_label=judgment.label)
+    return judgment
 
 
 class PointwiseJudge(ModelJudge):
@@ -99,7 +117,7 @@ class PointwiseJudge(ModelJudge):
         reference = item.answer if self.use_reference else None
         responses = await asyncio.gather(*(self._ask(pointwise_messages(item.prompt, c.text, self.scale, self.rubric,
                                                                          reference)) for c in candidates))
-        return [self._judgment(response) for response in responses]
+        return [_bounded(self._judgment(response)) for response in responses]
 
     def _judgment(self, response: ChatResponse) -> Judgment:
         if (failure := _failed_response(response)) is not None:
@@ -164,7 +182,10 @@ class PairwiseJudge(ModelJudge):
         if self.orders == "both" and not self.settings["logprobs"] and verdicts[0] != verdicts[1]:
             probabilities = [0.5, 0.5]  # two votes that disagree are a tie (MT-Bench rule)
         consistent = verdicts[0] == verdicts[1] if len(verdicts) == 2 else None
-        return PairJudgment(sum(probabilities) / len(probabilities), tuple(verdicts), consistent, "ok")
+        p_a = sum(probabilities) / len(probabilities)
+        if not (math.isfinite(p_a) and -1e-9 <= p_a <= 1 + 1e-9):
+            return PairJudgment(None, (), None, "error", f"P(first better) {p_a!r} is not a finite number in [0, 1]")
+        return PairJudgment(min(max(p_a, 0.0), 1.0), tuple(verdicts), consistent, "ok")
 
     async def ascore(self, item: Item, candidates: Sequence[Candidate]) -> list[Judgment]:
         if len(candidates) != 2:
@@ -204,7 +225,8 @@ class ListwiseJudge(ModelJudge):
                 return [failed("parse_error", f"no ranking of 1..{n} like [[2, 1, 3]] at the end of the reply")] * n
             for rank, shown in enumerate(ranking):
                 totals[order[shown - 1]] += (n - 1 - rank) / (n - 1)
-        return [Judgment("ok", total / len(orders), details={"permutations": len(orders)}) for total in totals]
+        return [_bounded(Judgment("ok", total / len(orders), details={"permutations": len(orders)}))
+                for total in totals]
 
 
 class Panel:

@@ -20,7 +20,13 @@ What one `complete(request)` does, in order:
   4. the answer is parsed: `finish_reason == "length"` -> `truncated` (text kept), `message.refusal`
      or `finish_reason == "content_filter"` -> `refusal`, else `ok`; `choices[0].logprobs.content[i]
      .top_logprobs` -> `token_logprobs[i] = {token: logprob}`; `usage` -> dict of ints;
-  5. ok/truncated responses are written to the cache.
+  5. the answer is checked (`judges.backend.checked_response`): one larger than `max_response_bytes`
+     (default 1 MB), or with a logprob that is NaN, infinite or above 0 (e.g. 800, which would
+     overflow exp), becomes `api_error` ("response too large: ..." / "invalid response: ..."): a
+     failed judgment, never a score, never cached, so a rerun asks again. A client built here also
+     refuses the body on the wire: a Content-Length above the cap, or more bytes than the cap while
+     reading, stops the download (no retry: the same request would get the same answer);
+  6. ok/truncated responses are written to the cache.
 
 `stats`: {"calls": network attempts made, "cache_hits", "retries", "failed": responses returned with
 a status other than ok}. The SDK's own retries are off (`max_retries=0`): this loop is the only one.
@@ -44,7 +50,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from judges.backend import ChatRequest, ChatResponse
+from judges.backend import MAX_RESPONSE_BYTES, ChatRequest, ChatResponse, checked_response
 from judges.cache import JudgeCache
 
 RETRYABLE_STATUS_CODES = frozenset({408, 409, 429})
@@ -80,6 +86,73 @@ class TokenBucket:
         wait = self.reserve(time.monotonic())
         if wait > 0:
             await asyncio.sleep(wait)
+
+
+# -- the response size cap on the wire ---------------------------------------------------------------------
+class ResponseTooLarge(Exception):
+    """An endpoint sent (or announced) more bytes than the backend's `max_response_bytes`."""
+
+
+def _httpx_module(openai_module: Any) -> Any:
+    """The HTTP library the installed openai SDK is built on (httpx, or its fork httpx2)."""
+    import importlib
+
+    client_class = openai_module.DefaultAsyncHttpxClient
+    base = next(c for c in client_class.__mro__ if c.__name__ == "AsyncClient")
+    return importlib.import_module(base.__module__.split(".")[0])
+
+
+def capped_http_client(openai_module: Any, max_bytes: int) -> Any:
+    """An SDK-default async HTTP client whose responses stop at `max_bytes` (ResponseTooLarge).
+
+    The cap is on the bytes received, so the answer is asked uncompressed (Accept-Encoding: identity):
+    a compressed body could otherwise expand far past what was counted.
+    """
+    httpx = _httpx_module(openai_module)
+
+    class CappedStream(httpx.AsyncByteStream):
+        def __init__(self, inner):
+            self.inner, self.received = inner, 0
+
+        async def __aiter__(self):
+            async for chunk in self.inner:
+                self.received += len(chunk)
+                if self.received > max_bytes:
+                    raise ResponseTooLarge(f"response too large: more than {max_bytes} bytes "
+                                           "(max_response_bytes); the download was stopped")
+                yield chunk
+
+        async def aclose(self):
+            await self.inner.aclose()
+
+    class CappedTransport(httpx.AsyncBaseTransport):
+        def __init__(self):
+            self.inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request):
+            response = await self.inner.handle_async_request(request)
+            announced = response.headers.get("content-length", "")
+            if announced.isdigit() and int(announced) > max_bytes:
+                await response.aclose()
+                raise ResponseTooLarge(f"response too large: Content-Length {announced} bytes > the cap of "
+                                       f"{max_bytes} bytes (max_response_bytes)")
+            response.stream = CappedStream(response.stream)
+            return response
+
+        async def aclose(self):
+            await self.inner.aclose()
+
+    return openai_module.DefaultAsyncHttpxClient(transport=CappedTransport(), headers={"Accept-Encoding": "identity"})
+
+
+def _too_large(exc: BaseException) -> ResponseTooLarge | None:
+    """The ResponseTooLarge behind `exc` (the SDK may wrap it), or None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ResponseTooLarge):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 # -- error classification ----------------------------------------------------------------------------------
@@ -142,6 +215,8 @@ def _error_message(exc: BaseException) -> str:
 def classify_error(exc: BaseException) -> Failure:
     """Retryable (408/409/429/5xx, connection, timeout) or terminal (everything else)."""
     name = type(exc).__name__
+    if (too_large := _too_large(exc)) is not None:
+        return Failure("api_error", False, str(too_large))
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
         return Failure("timeout", True, f"timeout: {_error_message(exc)}")
     code = getattr(exc, "status_code", None)
@@ -152,7 +227,7 @@ def classify_error(exc: BaseException) -> Failure:
         return Failure("api_error", retryable, f"{code}: {_error_message(exc)}", parse_retry_after(headers))
     if "Connection" in name or isinstance(exc, (ConnectionError, OSError)):
         return Failure("api_error", True, f"connection: {_error_message(exc)}")
-    if isinstance(exc, (ValueError, TypeError, AttributeError, KeyError, IndexError)):
+    if isinstance(exc, (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError)):
         return Failure("api_error", False, f"malformed response: {name}: {exc}")
     return Failure("api_error", False, f"{name}: {exc}")
 
@@ -216,6 +291,18 @@ def parse_completion(completion: Any, *, latency: float = 0.0, attempts: int = 1
 
 
 # -- the backend -----------------------------------------------------------------------------------------------
+def _check_settings(max_concurrency: int, max_retries: int, timeout_s: float, max_response_bytes: int) -> None:
+    """ValueError naming the first setting out of range."""
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+    if max_response_bytes < 1:
+        raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes!r}")
+
+
 class OpenAIBackend:
     """A `ChatBackend` over an OpenAI-compatible endpoint (see the module docstring).
 
@@ -224,16 +311,18 @@ class OpenAIBackend:
     max_retries=0, timeout=timeout_s)`.
     identity: f"openai:{model}@{base_url or client.base_url}" (cache keys, calibrator binding).
     seed: seeds the backoff jitter.
+    max_response_bytes: the largest answer accepted (on the wire for a client built here, and as text
+    plus logprobs for any client); a larger one is an api_error, never cached.
     """
 
     def __init__(self, client: Any = None, *, model: str, base_url: str | None = None,
                  api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 8,
                  requests_per_second: float | None = None, timeout_s: float = 60.0, max_retries: int = 4,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_retry_after_s: float = 60.0,
-                 seed: int = 0, cache: JudgeCache | None = None):
-        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise ValueError("OpenAIBackend needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0")
+                 seed: int = 0, cache: JudgeCache | None = None, max_response_bytes: int = MAX_RESPONSE_BYTES):
+        _check_settings(max_concurrency, max_retries, timeout_s, max_response_bytes)
         self._owns_client = client is None
+        self.max_response_bytes = int(max_response_bytes)
         self._client_settings = {"base_url": base_url, "api_key_env": api_key_env, "timeout_s": timeout_s}
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self.client = client if client is not None else self._build_client()
@@ -263,7 +352,8 @@ class OpenAIBackend:
         settings = self._client_settings
         return openai.AsyncOpenAI(base_url=settings["base_url"],
                                   api_key=os.environ.get(settings["api_key_env"]) or "EMPTY", max_retries=0,
-                                  timeout=settings["timeout_s"])
+                                  timeout=settings["timeout_s"],
+                                  http_client=capped_http_client(openai, self.max_response_bytes))
 
     def _client_for_running_loop(self) -> Any:
         """The client; one built here is rebuilt when the backend is driven from a new event loop (an async
@@ -328,8 +418,9 @@ class OpenAIBackend:
                 return ChatResponse(failure.status, error=failure.error, latency=time.monotonic() - start,
                                     attempts=attempts)
             try:
-                return parse_completion(completion, latency=time.monotonic() - start, attempts=attempts)
-            except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+                response = parse_completion(completion, latency=time.monotonic() - start, attempts=attempts)
+                return checked_response(response, self.max_response_bytes)
+            except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
                 return ChatResponse("api_error", error=f"malformed response: {type(exc).__name__}: {exc}",
                                     latency=time.monotonic() - start, attempts=attempts)
 

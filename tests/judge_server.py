@@ -10,6 +10,10 @@ queue (the script); when the queue is empty the `default` behaviour answers. A b
     ("malformed",)                       200 with a body that is not JSON
     ("length"[, text])                   200, finish_reason "length" (a truncated answer)
     ("refusal"[, text])                  200, message.refusal set, content null
+    ("chunked", text)                    200 like "ok", but sent chunked, with no Content-Length
+
+Logprobs may be NaN or infinite: they are written as the bare `NaN` / `Infinity` tokens that Python's
+json (and so the openai client) reads back, as a faulty server would send them.
 
 `default` may also be a callable(request_json) -> behaviour. `models`, when given, makes requests for
 any other model a 404 `model_not_found` (as real endpoints do). `latency_s` is added to every chat
@@ -182,6 +186,8 @@ class JudgeServer:
             return code, headers, json.dumps(_error_body(code, message)).encode()
         elif kind == "malformed":
             return 200, {}, b'{"id": "chatcmpl-broken", "choices": [{"message": '
+        elif kind == "chunked":
+            return 200, {"Transfer-Encoding": "chunked"}, json.dumps(completion_body(model, args[0])).encode()
         else:
             raise ValueError(f"unknown behaviour {behaviour!r}")
         return 200, {}, json.dumps(payload).encode()
@@ -200,11 +206,19 @@ def _make_handler(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
         def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
+            chunked = headers.get("Transfer-Encoding") == "chunked"
+            if not chunked:
+                self.send_header("Content-Length", str(len(payload)))
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(payload)
+            if not chunked:
+                self.wfile.write(payload)
+                return
+            for start in range(0, len(payload), 65536):
+                piece = payload[start:start + 65536]
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":
