@@ -456,7 +456,7 @@ def _generate(scenario: Scenario) -> list[dict]:
         generator = scenario.resolve(spec.generator)
         return scenario_checks.run_generator(generator, spec.generator, spec.seed, spec.count, spec.timeout_s)
     except scenario_checks.GeneratorProblem as problem:
-        message = f"{problem} (fix the generator)"
+        message = str(problem)
     except Exception as error:  # noqa: BLE001 - user code: report it, never a traceback
         message = f"{spec.generator} raised {type(error).__name__}: {_first_line(error)} (fix the generator)"
     line, column = locate(scenario.positions, ("tasks", "generator"))

@@ -159,4 +159,4 @@ def _collect(produced, reference: str, count: int) -> list[dict]:
 
 def _shown(value) -> str:
     text = repr(value)
-    return f"a {type(value).__name__} ({text[:40]}{'...' if len(text) > 40 else ''})"
+    return f"{text[:40]}{'...' if len(text) > 40 else ''} (of type {type(value).__name__})"

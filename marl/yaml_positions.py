@@ -72,9 +72,11 @@ class _Builder:
 
     def build(self, node, path: Path_):
         self.count += 1
-        if self.count > MAX_NODES:
-            raise _at(node, f"the document expands to more than {MAX_NODES} values (YAML aliases such as *name "
-                            "repeat their anchor's value: remove the nested aliases)", path)
+        if self.count > MAX_NODES:  # reported at the top-level key whose value explodes
+            line, column = self.positions.get(path[:1], (node.start_mark.line + 1, node.start_mark.column + 1))
+            raise YamlSyntaxError(line, column, f"the document expands to more than {MAX_NODES} values (YAML "
+                                                "aliases such as *name repeat their anchor's value: remove the "
+                                                "nested aliases)", path[:1])
         self.positions.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
         if node.tag not in _PLAIN_SCALARS | _PLAIN_COLLECTIONS:
             raise _at(node, _tag_message(node), path)
@@ -142,6 +144,25 @@ def _syntax_error(error: yaml.MarkedYAMLError) -> YamlSyntaxError:
     return _at(mark, message) if mark else YamlSyntaxError(1, 1, message)
 
 
+def _runaway_string(text: str, noticed) -> YamlSyntaxError | None:
+    """A quoted string spanning lines that ends just before the error: most often a missing closing
+    quote, which YAML only notices where the next quote closes the string by accident."""
+    last = None
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if token.start_mark.index >= noticed.index:
+                break
+            if isinstance(token, yaml.ScalarToken):
+                last = token
+    except yaml.YAMLError:
+        pass
+    if last is None or last.style not in ('"', "'") or last.start_mark.line == last.end_mark.line:
+        return None
+    return _at(last.start_mark, f"YAML syntax error: the quoted string that begins here runs on to line "
+                                f"{last.end_mark.line + 1} (the parser stopped at line {noticed.line + 1} column "
+                                f"{noticed.column + 1}); is its closing {last.style} missing?")
+
+
 def load_with_positions(text: str) -> tuple[object, dict[Path_, tuple[int, int]]]:
     """Parse one YAML document; return (data, positions). Raises YamlSyntaxError on bad or unbounded YAML."""
     loader = None
@@ -153,7 +174,8 @@ def load_with_positions(text: str) -> tuple[object, dict[Path_, tuple[int, int]]
         builder = _Builder(loader)
         return builder.build(node, ()), builder.positions
     except yaml.MarkedYAMLError as error:
-        raise _syntax_error(error) from None
+        runaway = _runaway_string(text, error.problem_mark) if error.problem_mark is not None else None
+        raise (runaway or _syntax_error(error)) from None
     except yaml.reader.ReaderError as error:
         line, column = _line_column(text, error.position)
         shown = chr(error.character) if isinstance(error.character, int) else error.character

@@ -116,7 +116,7 @@ def test_cli_credit_prints_a_table(tmp_path):
     assert rows == {agent: ["0.3333", "0.0000", "0.0000"] for agent in ("left", "right", "final")}
     bad = subprocess.run([sys.executable, "-m", "trainers.cli", "credit", "relay", "--absent", "vanish"],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "credit.absent" in bad.stdout and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "credit.absent" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_exact_credit_plays_every_coalition_with_one_batched_call_per_turn(relay):

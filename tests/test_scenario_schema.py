@@ -115,7 +115,7 @@ def test_cli_validate_prints_problems_and_exits_2_without_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "trainers.cli", "validate", str(path), "scenarios/relay.yaml"],
                             capture_output=True, text=True)
     assert result.returncode == 2
-    assert f"{path}:6:15: graph.edges.0.1: unknown agent 'c'" in result.stdout
+    assert f"{path}:6:15: graph.edges.0.1: unknown agent 'c'" in result.stderr
     assert "scenarios/relay.yaml: ok" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
@@ -130,7 +130,7 @@ def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
         scenario.tasks()
     result = subprocess.run([sys.executable, "-m", "trainers.cli", "validate", str(path)], capture_output=True,
                             text=True)
-    assert result.returncode == 2 and "raised RuntimeError" in result.stdout and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "raised RuntimeError" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
@@ -44,7 +45,10 @@ def _coerce(value: str, current):
         return tuple(type(current[0])(part) for part in value.split(","))
     if current is None:
         return value
-    return type(current)(value)
+    parsed = type(current)(value)
+    if isinstance(parsed, float) and not math.isfinite(parsed):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return parsed
 
 
 def apply_overrides(config, overrides: list[str]):
@@ -59,6 +63,9 @@ def apply_overrides(config, overrides: list[str]):
             if not dataclasses.is_dataclass(target) or not hasattr(target, part):
                 raise UsageError(f"--set {key}: unknown section {part!r}")
             target = getattr(target, part)
+        if not dataclasses.is_dataclass(target):
+            raise UsageError(f"--set {key}: {'.'.join(parents)} is a setting, not a section with keys "
+                             f"(set {'.'.join(parents)}=VALUE instead)")
         names = {f.name for f in dataclasses.fields(target)}
         if leaf not in names:
             raise UsageError(f"--set {key}: unknown key {leaf!r}; known keys: {', '.join(sorted(names))}")
@@ -197,10 +204,16 @@ def _rollout(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `marl` console script."""
     args = build_parser().parse_args(argv)
+    from marl.scenario import ScenarioError
+
     try:
         return args.handler(args)
     except UsageError as error:
         print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    except ScenarioError as error:  # any command: a scenario's problems, one located line each
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

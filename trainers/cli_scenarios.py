@@ -12,7 +12,7 @@ import sys
 
 
 def validate_command(args) -> int:
-    """Print every problem of every file (FILE:LINE:COL: key.path: message); exit 2 if any."""
+    """Print every problem of every file on stderr (FILE:LINE:COL: key.path: message); exit 2 if any."""
     from marl.scenario import ScenarioError, load_scenario
 
     failures = 0
@@ -23,11 +23,11 @@ def validate_command(args) -> int:
         except ScenarioError as error:
             failures += 1
             for problem in error.problems:
-                print(problem)
+                print(problem, file=sys.stderr)
             continue
         except FileNotFoundError as error:
             failures += 1
-            print(f"{file}:0:0: (file): {error}")
+            print(f"{file}:0:0: (file): {error}", file=sys.stderr)
             continue
         spec = scenario.spec
         print(f"{file}: ok ({spec.mode}, {len(spec.agents)} agents, {len(tasks)} tasks, "
@@ -68,7 +68,7 @@ def reports_problems(command):
             return command(args)
         except ScenarioError as error:
             for problem in error.problems:
-                print(problem)
+                print(problem, file=sys.stderr)
             return 2
         except (ValueError, FileNotFoundError) as error:
             print(f"marl: error: {error}", file=sys.stderr)
@@ -84,6 +84,8 @@ def _setup(file, overrides, policy_name: str, seed: int, episodes: int):
     from marl.policies import get_policy
     from marl.scenario import load_scenario
 
+    if episodes < 1:
+        raise ValueError(f"--episodes {episodes}: expected 1 or more")
     scenario = load_scenario(file, overrides)
     policy = get_policy(policy_name, scenario, seed=seed)
     train, held_out = scenario.split()
