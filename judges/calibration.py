@@ -32,6 +32,7 @@ from judges.stats_inference import brier_score, expected_calibration_error, logi
 
 FORMAT_VERSION = 1
 INPUT_SPACES = ("prob", "logit")
+UNCERTAINTY_PARAMS = frozenset({"stderr", "slope_se"})  # not used by apply: unknown (null) when infinite
 
 
 def _to_logit(x: np.ndarray, input_space: str) -> np.ndarray:
@@ -66,6 +67,41 @@ def data_fingerprint(*arrays: Any) -> str:
             digest.update("\x1f".join(map(str, data.ravel().tolist())).encode())
         digest.update(b"\x1e")
     return digest.hexdigest()
+
+
+def _all_finite(value: Any) -> bool:
+    """Whether every number inside `value` (nested dicts and lists) is finite."""
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return not isinstance(value, float) or bool(np.isfinite(value))
+
+
+def _finite_or_none(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None."""
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    return None if isinstance(value, float) and not np.isfinite(value) else value
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` into a synced temporary sibling of `path`, renamed into place (never a torn file)."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class Calibrator:
@@ -140,8 +176,19 @@ class Calibrator:
         return calibrator
 
     def save(self, path: str | Path) -> None:
-        """Write `to_json()` to `path`."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True))
+        """Write `to_json()` to `path` as strict JSON, through a synced temporary file and a rename.
+
+        ValueError (nothing written) when a fitted parameter is not a finite number; a non-finite
+        diagnostic or standard error is written as null (read back as NaN).
+        """
+        data = self.to_json()
+        for name in UNCERTAINTY_PARAMS & set(data["params"]):  # an infinite stderr (separated data) is unknown
+            data["params"][name] = _finite_or_none(data["params"][name])
+        if not _all_finite(data["params"]):
+            raise ValueError(f"{type(self).__name__} has non-finite parameters {data['params']!r} (a fit that "
+                             "diverged); it was not written")
+        data["diagnostics"] = _finite_or_none(data["diagnostics"])
+        _write_atomically(Path(path), json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
 
     @classmethod
     def load(cls, path: str | Path) -> Calibrator:
@@ -183,7 +230,7 @@ class PlattCalibrator(Calibrator):
 
     def _load_params(self, params: dict[str, Any]) -> None:
         self.intercept, self.slope = float(params["intercept"]), float(params["slope"])
-        self.stderr = [float(s) for s in params["stderr"]]
+        self.stderr = [float("nan") if s is None else float(s) for s in params["stderr"]]
 
     def fit(self, x: np.ndarray, gold: np.ndarray, *, judge_id: str,
             weights: np.ndarray | None = None) -> PlattCalibrator:
@@ -307,7 +354,8 @@ class HierarchicalCalibrator(Calibrator):
                 "intercepts": dict(self.intercepts)}
 
     def _load_params(self, params: dict[str, Any]) -> None:
-        self.slope, self.slope_se = float(params["slope"]), float(params["slope_se"])
+        self.slope = float(params["slope"])
+        self.slope_se = float("nan") if params["slope_se"] is None else float(params["slope_se"])
         self.prior_intercept = float(params["prior_intercept"])
         self.intercepts = {str(k): float(v) for k, v in params["intercepts"].items()}
 

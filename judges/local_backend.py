@@ -7,7 +7,9 @@ on first use of this module's classes; nothing else in `judges` needs them.
 
 The prompt is the tokenizer's chat template when it has one, else the messages' contents joined by
 newlines. temperature 0 means greedy; with logprobs, every generated token comes with its logprob and
-`top_logprobs` alternatives from the distribution it was drawn from.
+`top_logprobs` alternatives from the distribution it was drawn from. A token the sampler filtered
+out (top_p) has logprob -inf, which JSON cannot carry: it is sent as -9999.0, the floor OpenAI and
+vLLM use. `LocalBackend` checks every answer like the HTTP backend (`checked_response`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import time
 import uuid
 from pathlib import Path
 
-from judges.backend import ChatRequest, ChatResponse
+from judges.backend import ChatRequest, ChatResponse, checked_response
+
+LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for a probability of 0
 
 
 def _seed_torch(seed: int) -> None:
@@ -123,12 +127,18 @@ class LocalModel:
         content = []
         for token, logprobs in zip(tokens, steps):
             best = torch.topk(logprobs, k=min(max(top, 0), logprobs.numel()))
-            content.append({"token": self.tokenizer.decode([token]), "logprob": logprobs[token].item(), "bytes": None,
-                            "top_logprobs": [{"token": self.tokenizer.decode([i]), "logprob": v, "bytes": None}
+            content.append({"token": self.tokenizer.decode([token]), "logprob": _floored(logprobs[token].item()),
+                            "bytes": None,
+                            "top_logprobs": [{"token": self.tokenizer.decode([i]), "logprob": _floored(v), "bytes": None}
                                              for v, i in zip(best.values.tolist(), best.indices.tolist())]})
         return content
 
 
+
+
+def _floored(logprob: float) -> float:
+    """A JSON-safe logprob: -inf becomes LOGPROB_FLOOR (NaN stays NaN, for the check to refuse)."""
+    return max(logprob, LOGPROB_FLOOR) if logprob == logprob else logprob
 
 
 class LocalBackend:
@@ -153,5 +163,5 @@ class LocalBackend:
         logprobs = tuple({t["token"]: t["logprob"] for t in token["top_logprobs"]} for token in content) \
             if content else None
         status = "truncated" if choice["finish_reason"] == "length" else "ok"
-        return ChatResponse(status, text=choice["message"]["content"], finish_reason=choice["finish_reason"],
-                            token_logprobs=logprobs, usage=answer["usage"], latency=time.perf_counter() - started)
+        return checked_response(ChatResponse(status, text=choice["message"]["content"], finish_reason=choice["finish_reason"],
+                            token_logprobs=logprobs, usage=answer["usage"], latency=time.perf_counter() - started))

@@ -189,6 +189,14 @@ def logistic_fit(X: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None
 # -------------------------------------------------------------------------------------- probe slopes
 
 
+def _separated(fit: LogisticFit, design: np.ndarray, max_logit: float = 30.0) -> bool:
+    """Whether the fit sits at (quasi-)separation: a coefficient whose largest contribution to the logit
+    exceeds `max_logit` (P = 1e-13 or closer to 0/1), or a standard error that is not a positive number.
+    There the MLE does not exist and Newton stops anywhere along a flat ridge."""
+    reach = np.abs(fit.coef) * (np.max(np.abs(design), axis=0) if len(design) else 0.0)
+    return bool(np.any(reach > max_logit) or not np.all(np.isfinite(fit.stderr)) or np.any(fit.stderr <= 1e-12))
+
+
 @dataclass(frozen=True)
 class LengthSlope:
     """Judge length slope b (logits per unit of log-length difference) and the position term p."""
@@ -218,10 +226,15 @@ def length_slope(slot1_padded_first: np.ndarray, slot1_padded_second: np.ndarray
     design = np.column_stack([np.concatenate([diff, diff]),
                               np.concatenate([np.ones_like(diff), -np.ones_like(diff)])])
     keep = np.isfinite(padded_preferred)
-    fit = logistic_fit(design[keep], padded_preferred[keep], intercept=False)
-    half = _z(level) * fit.stderr
-    estimates = [Estimate(float(c), float(c - h), float(c + h), level, "padding probe, logistic MLE")
-                 for c, h in zip(fit.coef, half)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = logistic_fit(design[keep], padded_preferred[keep], intercept=False)
+    diverged = any("did not converge" in str(w.message) for w in caught) or _separated(fit, design[keep])
+    # separated verdicts (the padded answer always wins) have no finite MLE: the CI is unbounded, not
+    # the (arbitrary) curvature where Newton stopped, which can read as +-0 or +-1e22
+    half = np.full(len(fit.coef), math.inf) if diverged else _z(level) * fit.stderr
+    method = "padding probe, logistic MLE" + (" (did not converge: separated verdicts)" if diverged else "")
+    estimates = [Estimate(float(c), float(c - h), float(c + h), level, method) for c, h in zip(fit.coef, half)]
     return LengthSlope(slope=estimates[0], position=estimates[1], n_pairs=len(diff))
 
 

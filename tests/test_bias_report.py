@@ -79,3 +79,45 @@ def test_report_has_the_documented_keys_and_gold_agreement(biased):
     assert 0 <= biased["position"]["flip_rate"] <= 1 and biased["n_failed"] == 0
     assert biased["gold"]["accuracy"]["estimate"] > 0.9
     assert "| length.slope |" in report_markdown(biased)
+
+
+# -- numbers or nothing: a verdict needs a finite, bounded CI; the report is strict JSON ----------------------
+def test_an_unbounded_ci_is_not_estimated_never_pass():
+    from judges.report import grade_with_reasons
+
+    report = {"length": {"slope": {"estimate": 0.1, "ci_low": -2.6e22, "ci_high": 2.6e22}},
+              "position": {"log_odds": {"estimate": 0.05, "ci_low": -0.1, "ci_high": 0.2}},
+              "format": {"effect": {"estimate": float("nan"), "ci_low": float("nan"), "ci_high": 1.0}},
+              "master_key": {"fpr": None, "n": 0}}
+    verdicts, reasons = grade_with_reasons(report)
+    assert verdicts == {"length.slope": "not estimated", "position.log_odds": "pass",
+                        "format.effect": "not estimated", "master_key.fpr": "not estimated"}
+    assert reasons["length.slope"] == ("the 95% CI [-2.6e+22, 2.6e+22] is wider than 10: the data do not bound it "
+                                       "(too few or separated verdicts)")
+    assert reasons["format.effect"] == "the estimate or its CI is not finite (nan, nan, 1.0)"
+    assert reasons["master_key.fpr"] == "no estimate (too few or unanimous verdicts)"
+
+
+def test_a_separated_judge_gets_not_estimated_and_strict_json():
+    import json
+    import re
+    import warnings
+
+    client = SimulatedClient(_quality, sharpness=4.0, seed=1, length_slope=60.0, temperature=0.01)
+    judge = PairwiseJudge(OpenAIBackend(client, model="sim", max_concurrency=64), logprobs=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = run_bias_report(judge, _items()[:20], per_kind=20, seed=0, judge_name="SimJudge")
+    assert report["verdicts"]["length.slope"] == "not estimated"
+    assert report["not_estimated"]["length.slope"].startswith("the 95% CI is unbounded (estimate ")
+    assert report["length"]["slope"]["ci_low"] is None and report["length"]["slope"]["ci_high"] is None
+    assert report["null_values"]["length.slope.ci_high"] == "inf: not a finite number, written as null"
+
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    text = json.dumps(report, allow_nan=False)  # raises on any NaN or infinity left
+    assert json.loads(text, parse_constant=refuse) == report
+    markdown = report_markdown(report)
+    assert re.search(r"\| length\.slope \| \+\d+\.\d{3} \[-, -\] \| not estimated \|", markdown)
+    assert "- length.slope: the 95% CI is unbounded" in markdown
