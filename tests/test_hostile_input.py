@@ -231,3 +231,36 @@ def test_a_huge_turn_schedule_is_never_built():
             "tasks": {"inline": [{"prompt": "p", "answer": "x"}]}, "rewards": {"outcome": [{"kind": "exact"}]}}
     env = make_env(spec)
     assert len(env.turns) == 2000 and env.turns[1999] == ("b",) and len(env.turns.one_round) == 2
+
+
+def test_sound_templates_tools_and_overrides_are_still_accepted(tmp_path):
+    (tmp_path / "calc_lib.py").write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    text = _with("  - name: a\n", "  - name: a\n    tools: [add, root]\n    observation: \"{role!r:>20}|{task.x}|"
+                                  "{msg.b}|{{literal}}|{prompt}\"\n")
+    text += ("tools:\n  - name: add\n    function: calc_lib:add\n  - name: root\n    function: math:sqrt\n"
+             "train:\n  lr: 1.0e-4\n")
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    from marl.scenario import load_scenario
+
+    scenario = load_scenario(path, ["train.steps=7", "agents.1.role=critic", "credit.unions.left=[a]"])
+    assert scenario.spec.train.steps == 7 and scenario.spec.agents[1].role == "critic"
+    env = make_env(scenario)
+    observations, _ = env.reset(seed=0)
+    assert observations["a"]["text"].endswith("||{literal}|1+1=")
+    assert env.tools["a"].get("root").function(9.0) == 3.0
+
+
+def test_a_generator_within_its_timeout_yields_at_most_count_tasks():
+    from marl.scenario_checks import GeneratorProblem, run_generator
+
+    def endless(seed, count):
+        index = 0
+        while True:
+            yield {"prompt": f"{seed}-{index}"}
+            index += 1
+
+    tasks = run_generator(endless, "lib:endless", seed=3, count=5, timeout_s=5)
+    assert [t["prompt"] for t in tasks] == ["3-0", "3-1", "3-2", "3-3", "3-4"]
+    with pytest.raises(GeneratorProblem, match=r"^lib:slow did not return within 0.2 s"):
+        run_generator(lambda seed, count: time.sleep(5), "lib:slow", seed=0, count=1, timeout_s=0.2)
