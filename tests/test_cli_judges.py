@@ -75,3 +75,88 @@ def test_a_wrong_model_name_is_one_line_and_exit_2(items, tmp_path):
         result = _marl("report", "--base-url", server.url, "--model", "wrong-model", "--items", str(items),
                        "--out", str(tmp_path / "r.json"), "--retries", "0", "--cache", str(tmp_path / "c.sqlite"))
     assert result.returncode == 2 and "404" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- every option is checked before the first call (issue 10) -------------------------------------------------
+def _one_line_error(result, message):
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stderr.strip() == f"marl: error: {message}" and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--timeout", "0", "--timeout 0: must be a number of seconds > 0, e.g. --timeout 60"),
+    ("--timeout", "-5", "--timeout -5: must be a number of seconds > 0, e.g. --timeout 60"),
+    ("--timeout", "inf", "--timeout inf: must be a number of seconds > 0, e.g. --timeout 60"),
+    ("--concurrency", "0", "--concurrency 0: must be >= 1 (requests in flight at once, e.g. --concurrency 8)"),
+    ("--retries", "-1", "--retries -1: must be >= 0 (retries after a failed call (0 = none), e.g. --retries 4)"),
+    ("--max-tokens", "0", "--max-tokens 0: must be >= 1 (tokens per judge answer, e.g. --max-tokens 512)"),
+])
+@pytest.mark.parametrize("command", ["report", "calibrate"])
+def test_bad_numbers_are_one_line_before_any_call(items, tmp_path, command, flag, value, message):
+    with JudgeServer() as server:
+        result = _marl(command, "--base-url", server.url, "--items", str(items), "--out", str(tmp_path / "o.json"),
+                       "--cache", str(tmp_path / "c.sqlite"), flag, value)
+        assert server.requests == 0
+    _one_line_error(result, message)
+    assert not (tmp_path / "c.sqlite").exists() and not (tmp_path / "o.json").exists()
+
+
+def test_out_in_a_missing_folder_is_created_and_the_report_is_strict_json(items, tmp_path):
+    out = tmp_path / "new" / "deeper" / "report.json"
+    result = _marl("report", "--simulated", "--items", str(items), "--out", str(out), "--per-kind", "10",
+                   "--markdown", str(tmp_path / "md" / "r.md"), "--cache", str(tmp_path / "cache" / "c.sqlite"))
+    assert result.returncode == 0, result.stderr
+
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    report = json.loads(out.read_text(), parse_constant=refuse)
+    assert set(report["verdicts"].values()) <= {"pass", "warn", "fail", "not estimated"}
+    assert "null_values" in report and (tmp_path / "md" / "r.md").exists()
+    assert [p.name for p in out.parent.iterdir()] == ["report.json"]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("flag", ["--out", "--cache"])
+def test_an_output_path_that_is_a_folder_or_under_a_file_is_refused_before_any_call(items, tmp_path, flag):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("keep me\n")
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    defaults = {"--out": str(tmp_path / "o.json"), "--cache": str(tmp_path / "c.sqlite")}
+    with JudgeServer() as server:
+        under_file = _marl("report", "--base-url", server.url, "--items", str(items),
+                           *[x for k, v in {**defaults, flag: str(blocker / "x.json")}.items() for x in (k, v)])
+        is_folder = _marl("report", "--base-url", server.url, "--items", str(items),
+                          *[x for k, v in {**defaults, flag: str(folder)}.items() for x in (k, v)])
+        assert server.requests == 0
+    _one_line_error(under_file, f"{flag} {blocker / 'x.json'}: {blocker} is a file, not a folder; choose another path")
+    _one_line_error(is_folder, f"{flag} {folder}: is a folder; give a file path, e.g. {flag} {folder / 'out.json'}")
+    assert blocker.read_text() == "keep me\n" and list(folder.iterdir()) == []
+
+
+def test_a_cache_that_is_not_a_database_is_refused_before_any_call(items, tmp_path):
+    cache = tmp_path / "notes.txt"
+    cache.write_text("this is not SQLite\n" * 100)
+    with JudgeServer() as server:
+        result = _marl("report", "--base-url", server.url, "--items", str(items), "--out", str(tmp_path / "o.json"),
+                       "--cache", str(cache))
+        assert server.requests == 0
+    _one_line_error(result, f"--cache {cache}: cannot be used as the response cache (file is not a database); "
+                            "give a new file path or delete it")
+    assert cache.read_text() == "this is not SQLite\n" * 100
+
+
+def test_serve_port_out_of_range_is_one_line_before_loading(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "trainers.cli", "serve", str(tmp_path / "no-model"),
+                             "--port", "99999"], capture_output=True, text=True, timeout=60)
+    _one_line_error(result, "--port 99999: a TCP port is 0-65535 (0 picks a free one), e.g. --port 8000")
+
+
+def test_serve_binds_before_loading_so_a_busy_port_fails_first(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "trainers.cli", "serve", str(tmp_path / "no-model"),
+                                 "--port", str(port)], capture_output=True, text=True, timeout=60)
+    _one_line_error(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")

@@ -5,14 +5,19 @@ Items file (JSONL), one object per line:
 `gold` (optional) is the index of the better candidate, or a score in [0, 1] of the first one.
 A gold file (`--gold`) may instead give {"id": "q1", "gold": 0} lines.
 
-These commands need no torch. Every bad input is one line on stderr and exit status 2; responses
-already received stay in the on-disk cache, so a rerun does not pay for them again.
+These commands need no torch. Every bad input is one line on stderr and exit status 2, and every
+option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
+`--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
+the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
+for them again. The report is strict JSON (no NaN or Infinity), written atomically.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -71,9 +76,84 @@ def _read_gold(path) -> dict:
     return golds
 
 
+# -- options, checked before any call ------------------------------------------------------------------------
+def _check_numbers(args) -> None:
+    """JudgeCliError for the first numeric option out of range."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise JudgeCliError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
+    checks = [("--concurrency", args.concurrency, 1, "requests in flight at once, e.g. --concurrency 8"),
+              ("--retries", args.retries, 0, "retries after a failed call (0 = none), e.g. --retries 4"),
+              ("--max-tokens", args.max_tokens, 1, "tokens per judge answer, e.g. --max-tokens 512")]
+    if getattr(args, "per_kind", None) is not None:
+        checks.append(("--per-kind", args.per_kind, 1, "probes per kind, e.g. --per-kind 100"))
+    for flag, value, low, meaning in checks:
+        if value < low:
+            raise JudgeCliError(f"{flag} {value}: must be >= {low} ({meaning})")
+
+
+def _writable_file(flag: str, value: str) -> Path:
+    """The path `value` given to `flag`, ready to be written: its folder exists (created if missing),
+    is a folder and is writable, and the path itself is not a folder."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise JudgeCliError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
+    blocker = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocker is not None:
+        raise JudgeCliError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise JudgeCliError(f"{flag} {value}: cannot create the folder {path.parent}: "
+                            f"{error.strerror or error}") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise JudgeCliError(f"{flag} {value}: not writable (permission denied); choose another path")
+    return path
+
+
+def check_options(args) -> None:
+    """Every option that could fail the command after its calls, checked before the first one."""
+    _check_numbers(args)
+    args.out = str(_writable_file("--out", args.out))
+    if getattr(args, "markdown", None):
+        args.markdown = str(_writable_file("--markdown", args.markdown))
+    args.cache = str(_writable_file("--cache", args.cache))
+
+
+def _open_cache(path: str):
+    """The judge cache at `path`, or JudgeCliError when the file is not a usable SQLite database."""
+    from judges.cache import JudgeCache
+
+    try:
+        return JudgeCache(path)
+    except (sqlite3.Error, OSError) as error:
+        raise JudgeCliError(f"--cache {path}: cannot be used as the response cache ({error}); "
+                            "give a new file path or delete it") from None
+
+
+def write_json_atomically(path: str | Path, data) -> None:
+    """Strict JSON (allow_nan=False) through a synced temporary sibling and an atomic rename."""
+    _write_atomically(path, json.dumps(data, indent=2, allow_nan=False, default=_plain) + "\n")
+
+
+def _write_atomically(path: str | Path, text: str) -> None:
+    """Write `text` to a synced temporary sibling of `path`, then rename it into place."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def build_judge(args, items):
     """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache."""
-    from judges.cache import JudgeCache
     from judges.model_judge import PairwiseJudge
     from judges.openai_backend import OpenAIBackend
 
@@ -87,11 +167,9 @@ def build_judge(args, items):
         raise JudgeCliError("--base-url is required (or --simulated for the built-in simulated judge)")
     else:
         client = None
-    cache_path = Path(args.cache).expanduser()
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
     backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                             max_concurrency=args.concurrency, timeout_s=args.timeout, max_retries=args.retries,
-                            cache=JudgeCache(cache_path))
+                            cache=_open_cache(args.cache))
     return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
 
 
@@ -118,21 +196,28 @@ def report_command(args) -> int:
     """Run the probes and write the JSON (and markdown) report."""
     from judges.report import report_markdown, run_bias_report
 
+    from judges.report import strict_report
+
     try:
+        check_options(args)
         items = read_items(args.items, args.gold)
         judge = build_judge(args, items)
         _preflight(judge, items[0])
-        report = run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
-                                 judge_name=args.judge_name or args.model)
+        report = strict_report(run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
+                                               judge_name=args.judge_name or args.model))
+        write_json_atomically(args.out, report)
+        if args.markdown:
+            _write_atomically(args.markdown, report_markdown(report))
     except JudgeCliError as error:
         print(f"marl: error: {error}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(json.dumps(report, indent=2, default=_plain))
-    if args.markdown:
-        Path(args.markdown).write_text(report_markdown(report))
+    except OSError as error:
+        print(f"marl: error: cannot write the report: {error.strerror or error} ({error.filename or args.out})",
+              file=sys.stderr)
+        return 2
     failing = [key for key, verdict in report["verdicts"].items() if verdict == "fail"]
     summary = f"wrote {args.out}: {report['n_calls']} calls, {report['n_failed']} failed pairs; "
-    if not report["verdicts"]:
+    if not any(verdict != "not estimated" for verdict in report["verdicts"].values()):
         print(summary + "nothing could be graded (every judgment failed or was unparseable; see the report's notes)")
         return 1
     print(summary + (f"FAIL: {', '.join(failing)}" if failing else "no failing threshold"))
@@ -151,6 +236,7 @@ def calibrate_command(args) -> int:
     from judges.types import Candidate, Item
 
     try:
+        check_options(args)
         items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
         if len(items) < 10:
             raise JudgeCliError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
@@ -163,12 +249,23 @@ def calibrate_command(args) -> int:
     pairs = run_sync(_compare_items(judge, items, Item, Candidate))
     rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
             for i, p in zip(items, pairs) if p.p_a is not None]
+    if len(rows) < 2 or len({r[1] for r in rows}) < 2:
+        print(f"marl: error: only {len(rows)} of {len(items)} gold pairs were judged (the rest failed: see the "
+              "endpoint's answers); nothing to fit, nothing written", file=sys.stderr)
+        return 1
     scores, gold = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
-    with warnings.catch_warnings():  # a near-perfect judge separates the gold labels
-        warnings.filterwarnings("ignore", message="logistic_fit did not converge")
-        calibrator = (PlattCalibrator() if args.method == "platt" else IsotonicCalibrator()).fit(
-            np.clip(scores, 1e-4, 1 - 1e-4), gold, judge_id=judge.identity)
-    calibrator.save(args.out)
+    try:
+        with warnings.catch_warnings():  # a near-perfect judge separates the gold labels
+            warnings.filterwarnings("ignore", message="logistic_fit did not converge")
+            calibrator = (PlattCalibrator() if args.method == "platt" else IsotonicCalibrator()).fit(
+                np.clip(scores, 1e-4, 1 - 1e-4), gold, judge_id=judge.identity)
+        calibrator.save(args.out)
+    except ValueError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"marl: error: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
+        return 2
     after = calibrator.apply(np.clip(scores, 1e-4, 1 - 1e-4), judge_id=judge.identity)
     print(f"wrote {args.out}: {args.method} on {len(rows)} gold pairs ({len(items) - len(rows)} failed); "
           f"ECE {expected_calibration_error(scores, gold):.3f} raw -> {expected_calibration_error(after, gold):.3f} "
@@ -184,8 +281,9 @@ async def _compare_items(judge, items, Item, Candidate):
 
 
 def _plain(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
+    """JSON for what json cannot write itself: numpy scalars and arrays as numbers and lists, else text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
     return str(value)
 
 

@@ -11,7 +11,11 @@ its logprob and `top_logprobs` alternatives, from the distribution it was drawn 
 
 The model engine is `judges.local_backend.LocalModel` (also usable as a judge backend without HTTP).
 Requests are served one at a time (one model, one CPU thread); the server binds 127.0.0.1 unless
-told otherwise. Errors are OpenAI-shaped: 400 for a bad request, 404 for an unknown model.
+told otherwise. Errors are OpenAI-shaped: 400 for a bad request, 404 for an unknown model, 500 when
+the model produced logprobs that are not numbers (bodies are strict JSON: never NaN or Infinity).
+
+The address is checked before anything is loaded: a port outside 0-65535 is one line and exit 2, and
+the socket is bound before the model is read, so a port in use fails at once, not after loading.
 """
 
 from __future__ import annotations
@@ -23,13 +27,20 @@ from pathlib import Path
 from judges.local_backend import LocalModel, RequestError
 
 
-def _handler(server: LocalModel):
+def _handler(holder: dict):
+    """A request handler class serving holder["model"] (set once the model is loaded)."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet: one line per request is noise for a judge endpoint
             pass
 
         def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
+            try:
+                data = json.dumps(body, allow_nan=False).encode()
+            except ValueError:  # a broken model's NaN logprobs: say so rather than send invalid JSON
+                status = 500
+                data = json.dumps({"error": {"message": "the model produced a logprob that is not a finite number",
+                                             "type": "server_error", "code": 500}}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -41,7 +52,7 @@ def _handler(server: LocalModel):
 
         def do_GET(self):
             if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, server.models())
+                self._send(200, holder["model"].models())
             else:
                 self._error(404, "not_found_error", f"no route {self.path}")
 
@@ -53,7 +64,7 @@ def _handler(server: LocalModel):
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(payload, dict):
                     raise RequestError(400, "invalid_request_error", "the body must be a JSON object")
-                self._send(200, server.chat(payload))
+                self._send(200, holder["model"].chat(payload))
             except json.JSONDecodeError as error:
                 self._error(400, "invalid_request_error", f"the body is not JSON: {error}")
             except RequestError as error:
@@ -64,15 +75,38 @@ def _handler(server: LocalModel):
     return Handler
 
 
+def check_port(port) -> int:
+    """The port as an int; ValueError saying the range when it is not a TCP port (0 picks a free one)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: a TCP port is 0-65535 (0 picks a free one), e.g. --port 8000")
+    return port
+
+
 def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
                      name: str | None = None) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) for the model; port 0 picks a free port."""
-    return ThreadingHTTPServer((host, port), _handler(LocalModel(model_dir, name)))
+    """An HTTP server (not yet serving) for the model; port 0 picks a free port.
+
+    ValueError for a port out of range, OSError when the address cannot be bound (checked before the
+    model is loaded), FileNotFoundError when model_dir is not a model directory.
+    """
+    holder: dict = {}
+    httpd = ThreadingHTTPServer((host, check_port(port)), _handler(holder))
+    try:
+        holder["model"] = LocalModel(model_dir, name)
+    except BaseException:
+        httpd.server_close()
+        raise
+    return httpd
 
 
 def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None) -> None:
-    """Serve until interrupted, printing the base URL."""
-    httpd = make_http_server(model_dir, host, port, name)
+    """Serve until interrupted, printing the base URL (trainers.cli.UsageError for a bad port)."""
+    from trainers.cli import UsageError
+
+    try:
+        httpd = make_http_server(model_dir, host, port, name)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     model = name or Path(model_dir).name
     print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1 (Ctrl-C stops)", flush=True)
     try:
