@@ -283,6 +283,8 @@ class TrainSpec(Strict):
                                                           "(default: all of tasks.eval_count)")
     top_p: float = Field(1.0, gt=0, le=1)
     mu: int = Field(1, ge=1)
+    max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
+                                       "episodes over the last 5 steps had masked rewards (1 never stops)")
     selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)
