@@ -37,6 +37,25 @@ class RandomPolicy:
         return "".join(self.rng.choice(self.alphabet) for _ in range(self.rng.randint(0, self.max_chars)))
 
 
+class PolicyError(ValueError):
+    """A scripted policy that raised: reported as one line naming the policy, never a traceback."""
+
+
+class ScriptedPolicy:
+    """A 'module:function' policy; whatever it raises becomes a PolicyError naming it."""
+
+    def __init__(self, reference: str, function: Policy):
+        self.reference, self.__wrapped__ = reference, function
+
+    def __call__(self, agent: str, observation: str, task: Task) -> str:
+        try:
+            return self.__wrapped__(agent, observation, task)
+        except Exception as error:  # noqa: BLE001 - user code: one line, not a traceback
+            raise PolicyError(f"policy {self.reference!r} raised {type(error).__name__}: {error} (a policy is "
+                              "called as function(agent, observation, task) and returns the agent's message)") \
+                from None
+
+
 def random_policy(seed: int = 0, max_chars: int = 16) -> Policy:
     """Printable noise of random length, from its own seeded RNG."""
     return RandomPolicy(seed, max_chars)
@@ -51,9 +70,9 @@ def get_policy(name: str, scenario: Scenario, seed: int = 0) -> Policy:
     if name == "expert":
         if scenario.spec.expert is None:
             raise ValueError(f"scenario {scenario.spec.name!r} has no expert (add `expert: module:function`)")
-        return scenario.resolve(scenario.spec.expert)
+        return ScriptedPolicy(scenario.spec.expert, scenario.resolve(scenario.spec.expert))
     if ":" in name:
-        return scenario.resolve(name)
+        return ScriptedPolicy(name, scenario.resolve(name))
     raise ValueError(f"unknown policy {name!r}: use expert, null, random or a 'module:function'")
 
 

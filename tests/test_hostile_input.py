@@ -201,6 +201,7 @@ def test_run_refuses_a_template_before_building_anything(tmp_path):
     (["credit", "relay", "--episodes", "0"], "marl: error: --episodes 0: expected 1 or more"),
     (["rollout", "relay", "--episodes", "-1"], "marl: error: --episodes -1: expected 1 or more"),
     (["credit", "relay", "--budget", "0"], "credit.budget: Input should be greater than or equal to 1"),
+    (["demo", "--steps", "0"], "marl: error: --steps 0: expected 1 or more GRPO steps"),
     (["demo", "--set", "grpo.lr.x=1"], "marl: error: --set grpo.lr.x: grpo.lr is a setting, not a section with "
                                        "keys (set grpo.lr=VALUE instead)"),
     (["demo", "--set", "grpo.lr=inf"], "marl: error: --set grpo.lr=inf: expected a finite number, got 'inf'"),
@@ -211,6 +212,7 @@ def test_bad_flags_are_one_line(args, expected, tmp_path):
         args = [*args, "--out", str(tmp_path / "demo")]
     line = _one_line(_marl(*args))
     assert expected in line, line
+    assert not (tmp_path / "demo").exists()  # refused before the run directory is made
 
 
 def test_a_backtracking_end_on_matches_adversarial_text_in_linear_time():
@@ -264,3 +266,9 @@ def test_a_generator_within_its_timeout_yields_at_most_count_tasks():
     assert [t["prompt"] for t in tasks] == ["3-0", "3-1", "3-2", "3-3", "3-4"]
     with pytest.raises(GeneratorProblem, match=r"^lib:slow did not return within 0.2 s"):
         run_generator(lambda seed, count: time.sleep(5), "lib:slow", seed=0, count=1, timeout_s=0.2)
+
+
+def test_a_scripted_policy_that_raises_is_one_line():
+    line = _one_line(_marl("rollout", "relay", "--policy", "os:system", "--episodes", "1"))
+    assert line.startswith("marl: error: policy 'os:system' raised TypeError: ")  # the rest is Python's wording
+    assert line.endswith("(a policy is called as function(agent, observation, task) and returns the agent's message)")

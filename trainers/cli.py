@@ -93,6 +93,8 @@ def _demo(args) -> int:
     if args.seed is not None:
         config.grpo.seed = args.seed
     apply_overrides(config, args.set)
+    if config.grpo.steps < 1:  # checked before the run directory or the tiny model is made
+        raise UsageError(f"--steps {config.grpo.steps}: expected 1 or more GRPO steps")
     _quiet_libraries()
     try:
         run_demo(config)
