@@ -40,7 +40,7 @@ class AgentSpec(Strict):
     base_url: str | None = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL")
     api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
     tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
-    max_tokens: int = Field(16, ge=1, description="most tokens the agent may write per turn")
+    max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn")
     observation: str | None = Field(
         None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
                           "{task.KEY} (task metadata), {msg.AGENT} (that agent's last visible message)")
@@ -110,7 +110,7 @@ class ToolDecl(Strict):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
                                        description="JSON schema of the arguments")
-    timeout_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(5.0, gt=0, le=600, description="seconds a call may take (it then fails)")
 
 
 class ScorerSpec(BaseModel):
@@ -310,6 +310,6 @@ class ScenarioSpec(Strict):
     credit: CreditSpec = Field(default_factory=CreditSpec)
     judges: list[JudgeSpec] = Field(default_factory=list)
     train: TrainSpec = Field(default_factory=TrainSpec)
-    observation_max_chars: int = Field(512, ge=16, description="observations are clipped to this (most recent kept)")
-    action_max_chars: int = Field(256, ge=1, description="an agent's message is clipped to this")
-    max_tool_calls_per_turn: int = Field(4, ge=0)
+    observation_max_chars: int = Field(512, ge=16, le=1_000_000, description="observations are clipped to this (most recent kept)")
+    action_max_chars: int = Field(256, ge=1, le=1_000_000, description="an agent's message is clipped to this")
+    max_tool_calls_per_turn: int = Field(4, ge=0, le=64)
