@@ -220,7 +220,9 @@ def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_di
         path = tmp_path / "judged_relay.yaml"
         path.write_text(yaml.safe_dump(spec))
         out = tmp_path / "run"
-        assert main(["run", str(path), *_settings("train.steps=2"), "--out", str(out), "--tracker", "none"]) == 0
+        # every other judge call fails, so the credit replays lose most rewards: allow it (the stop has its own test)
+        assert main(["run", str(path), *_settings("train.steps=2", "train.max_masked_fraction=1"), "--out", str(out),
+                     "--tracker", "none"]) == 0
     rows = _rows(out / "metrics.jsonl")
     assert [row["train/step"] for row in rows] == [1, 2]
     masked = rows[-1]["judge/masked_total"]

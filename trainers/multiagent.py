@@ -14,6 +14,14 @@ One `MultiAgentTrainer.step()`:
    every turn the agent took in that episode becomes a sample (observation -> message, advantage);
 5. one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents' samples).
 
+Masked rewards are watched (`MaskedRewardGuard`): the first step on which more than
+`train.max_masked_fraction` of the episodes had a masked reward prints one warning line; when that
+share over the last MASKED_WINDOW steps (or all the steps of a shorter run, at its last step) is
+still above it, the step raises `MaskedRewardsError` before its update, so the weights, the last
+checkpoint and metrics.jsonl stay those of the last complete step. A run whose every reward is
+masked (an SQL scenario whose database is not a database, a judge that always fails) never ends
+with exit status 0.
+
 Self-play (competitive scenarios, `train.selfplay`): on a share of steps the learner plays against a
 snapshot from an `OpponentPool` instead of itself, taking alternate seats per task; each episode's
 result updates the ratings, and a snapshot joins the pool every `snapshot_every` steps.
@@ -34,6 +42,51 @@ from trainers.episodes import EpisodeJob, EpisodePlayer
 from trainers.replay_credit import credit_shares, episode_credits, shrink_factors, shrink_rewards
 
 OPPONENT = "opponent"
+MASKED_WINDOW = 5  # steps over which the masked share is judged
+
+
+class MaskedRewardsError(ValueError):
+    """Too many episodes had masked rewards: training stopped (the message says why and what to do)."""
+
+
+def _masked_reason(episodes) -> str:
+    """The first failed scorer's status and rationale among masked episodes ('' when none is recorded)."""
+    for episode in episodes:
+        for breakdown in (getattr(episode, "breakdown", None) or {}).values():
+            for component in getattr(breakdown, "components", None) or ():
+                if component.get("status") not in (None, "ok"):
+                    rationale = " ".join(str(component.get("rationale") or "").split())[:160]
+                    return f"{component.get('kind', 'scorer')} {component['status']}: {rationale}"
+    return ""
+
+
+class MaskedRewardGuard:
+    """Counts masked episodes per step; warns once, and raises past `limit` over a window of steps."""
+
+    def __init__(self, limit: float, total_steps: int, log=print, window: int = MASKED_WINDOW):
+        self.limit, self.total_steps, self.log, self.window = limit, total_steps, log, window
+        self.recent: list[tuple[int, int]] = []  # (masked, episodes) of the last `window` steps
+        self.warned = False
+
+    def check(self, step: int, masked_episodes: list, episodes: int) -> None:
+        """Record step `step` (0-based); warn once; MaskedRewardsError when the window is past the limit."""
+        masked = len(masked_episodes)
+        self.recent = (self.recent + [(masked, episodes)])[-self.window:]
+        if episodes and masked / episodes > self.limit and not self.warned:
+            self.warned = True
+            self.log(f"warning: step {step + 1}: {masked} of {episodes} episodes had masked rewards "
+                     f"({_masked_reason(masked_episodes) or 'a scorer failed'}); training stops if more than "
+                     f"{self.limit:g} of them stay masked over {self.window} steps (train.max_masked_fraction)")
+        total_masked, total = sum(m for m, _ in self.recent), sum(n for _, n in self.recent)
+        decided = len(self.recent) == self.window or step + 1 >= self.total_steps
+        if decided and total and total_masked / total > self.limit:
+            steps = len(self.recent)
+            raise MaskedRewardsError(
+                f"step {step + 1}: {total_masked} of {total} episodes over the last {steps} step(s) had masked "
+                f"rewards ({_masked_reason(masked_episodes) or 'a scorer failed'}), more than "
+                f"train.max_masked_fraction={self.limit:g}; training stopped before this step's update (the last "
+                "checkpoint and metrics.jsonl are intact). Fix the scorer (marl validate, marl rollout), or allow "
+                "more with --set train.max_masked_fraction=0.9 (1 never stops)")
 
 
 class MultiAgentTrainer:
@@ -69,6 +122,7 @@ class MultiAgentTrainer:
         self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
                        "episodes": 0}
         self.last_batch = None
+        self.masked_guard = MaskedRewardGuard(self.spec.train.max_masked_fraction, config.steps, log)
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
@@ -86,6 +140,7 @@ class MultiAgentTrainer:
         batch = self.player.play(jobs)
         played = time.perf_counter()
         rewards, credits = self._agent_rewards(batch, reward_transform)
+        self._check_masked(batch, credits)
         rewards, guards = self._apply_safeguards(batch, rewards)
         advantages = self._role_advantages(rewards)
         scored = time.perf_counter()
@@ -98,6 +153,12 @@ class MultiAgentTrainer:
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
         return self._metrics(batch, rewards, credits, bucket, guards, updates, times, opponent)
+
+    def _check_masked(self, batch, credits) -> None:
+        """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
+        masked = [e for index, e in enumerate(batch.episodes)
+                  if _masked(e) or (credits is not None and credits[index] is None)]
+        self.masked_guard.check(self.step_count, masked, len(batch.episodes))
 
     def _draw_tasks(self, tasks):
         if tasks is not None:
@@ -364,7 +425,7 @@ class MultiAgentTrainer:
 
 
 STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
-             ("train", "safety", "steps")}
+             ("train", "safety", "steps"), ("train", "max_masked_fraction")}  # a stopped run may resume with a new limit
 
 
 def resume_fingerprint(spec) -> dict:
