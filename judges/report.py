@@ -285,6 +285,8 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
         if results.get(kind):
             rate = _rate(results[kind])
             report[section] = {name: rate["rate"], "n": rate["n"]}
+            if not rate["n"]:
+                report[section]["note"] = "no decided judgment (every call failed or was unparseable)"
     gold = _gold([i for _, i in paired], position_pairs) if paired else None
     if gold is not None:
         report["gold"] = gold

@@ -226,6 +226,8 @@ def length_slope(slot1_padded_first: np.ndarray, slot1_padded_second: np.ndarray
     design = np.column_stack([np.concatenate([diff, diff]),
                               np.concatenate([np.ones_like(diff), -np.ones_like(diff)])])
     keep = np.isfinite(padded_preferred)
+    if not keep.any():
+        raise ValueError("no padding probe has a verdict (every one failed or was a tie)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit = logistic_fit(design[keep], padded_preferred[keep], intercept=False)

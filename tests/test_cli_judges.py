@@ -160,3 +160,15 @@ def test_serve_binds_before_loading_so_a_busy_port_fails_first(tmp_path):
         result = subprocess.run([sys.executable, "-m", "trainers.cli", "serve", str(tmp_path / "no-model"),
                                  "--port", str(port)], capture_output=True, text=True, timeout=60)
     _one_line_error(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_judge_that_never_answers_grades_nothing_and_exits_1(items, tmp_path):
+    out = tmp_path / "r.json"
+    with JudgeServer(default=("ok", "I cannot decide.")) as server:
+        result = _marl("report", "--base-url", server.url, "--model", "m", "--items", str(items), "--out", str(out),
+                       "--per-kind", "5", "--no-logprobs", "--cache", str(tmp_path / "c.sqlite"))
+    assert result.returncode == 1 and "nothing could be graded" in result.stdout, result.stderr
+    report = json.loads(out.read_text())
+    assert set(report["verdicts"].values()) == {"not estimated"} and report["n_failed"] > 0
+    assert report["not_estimated"]["master_key.fpr"] == "no decided judgment (every call failed or was unparseable)"
+    assert report["not_estimated"]["position.log_odds"] == "not estimated: no pair has a verdict in both orders"
