@@ -87,7 +87,12 @@ def resolve_checkpoint(path: str | None) -> Path | None:
         raise UsageError(f"--checkpoint {path}: no such directory (pass a run directory or its "
                          "checkpoints/step-N directory)")
     if _model_dirs(given):
-        return given
+        from trainers.checkpoint import CheckpointError, verified_checkpoint
+
+        try:
+            return verified_checkpoint(given)  # a damaged checkpoint is one line, not a load traceback
+        except CheckpointError as error:
+            raise UsageError(str(error)) from None
     if (given / "checkpoints").is_dir():
         latest = latest_checkpoint(given)
         if latest is None:

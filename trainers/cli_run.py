@@ -20,6 +20,7 @@ def report_problems(work) -> int:
     from trainers.checkpoint import CheckpointError
     from trainers.cli import UsageError
     from trainers.run import RunError
+    from trainers.rundir import RunDirectoryError
 
     try:
         return work()
@@ -27,7 +28,7 @@ def report_problems(work) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 2
-    except (RunError, CheckpointError, FileNotFoundError, ValueError) as error:
+    except (RunError, RunDirectoryError, CheckpointError, FileNotFoundError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 

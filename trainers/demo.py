@@ -16,6 +16,7 @@ from pathlib import Path
 
 from marl.addition import AdditionSplits, addition_progress, addition_reward, addition_splits
 from trainers.grpo import GRPOConfig, GRPOTrainer
+from trainers.rundir import RunDirectoryError  # noqa: F401  (raised by run_demo; re-exported for callers)
 from trainers.tinylm import TinyLMRecipe, build_or_load_tiny_model, load_policy
 
 PROBE_SIZE = 256  # tasks of the RL split used to decide when SFT has warmed the model up enough
@@ -65,24 +66,37 @@ def held_out_accuracy(model, tokenizer, splits: AdditionSplits, samples: int, ma
 
 
 def run_demo(config: DemoConfig, log=print) -> dict:
-    """Run the whole demo and return its summary (also written to OUT/summary.json)."""
-    from trainers.checkpoint import final_checkpoint, latest_checkpoint, load_checkpoint
-    from trainers.progress import ProgressPrinter
-    from trainers.report import truncate_metrics, write_report
+    """Run the whole demo and return its summary (also written to OUT/summary.json).
 
+    A write that fails mid-run (a full disk, `ulimit -f`) raises RunDirectoryError naming the file
+    and the intact checkpoint; nothing already written is lost.
+    """
     import torch
+
+    from trainers.rundir import ensure_writable, write_failure
 
     torch.set_num_threads(config.grpo.threads)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_writable(out)
     splits = addition_splits(seed=0)
     path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
     model, tokenizer = load_policy(path)
     trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
                           progress_fn=addition_progress)
-    resumed = latest_checkpoint(out) if config.resume else None
-    if resumed is None and latest_checkpoint(out) is not None:
-        raise RunDirectoryError(f"{out} already holds a run; pass --resume to continue it or --out NEWDIR")
+    try:
+        return _run(config, out, splits, model, tokenizer, trainer, log)
+    except OSError as error:
+        raise RunDirectoryError(write_failure(out, error, trainer.step_count)) from None
+
+
+def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) -> dict:
+    from trainers.atomic import write_text_atomically
+    from trainers.checkpoint import final_checkpoint, load_checkpoint
+    from trainers.progress import ProgressPrinter
+    from trainers.report import truncate_metrics, write_report
+    from trainers.rundir import open_run_directory
+
+    resumed = open_run_directory(out, config.resume, log)
     if resumed is not None:
         load_checkpoint(trainer, resumed)
         truncate_metrics(out / "metrics.jsonl", trainer.step_count)
@@ -90,13 +104,13 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     before = _read_before(out) if resumed is not None else None
     if before is None:
         before = held_out_accuracy(model, tokenizer, splits, config.eval_samples, config.grpo.max_new_tokens)
-        (out / "before.json").write_text(json.dumps(before))
+        write_text_atomically(out / "before.json", json.dumps(before))
     log(f"held-out accuracy before: greedy {before['greedy']:.3f}, sampled {before['sampled']:.3f} "
         f"({len(splits.eval)} prompts)")
 
     progress = ProgressPrinter(total=config.grpo.steps, start=trainer.step_count, log=log)
     started = time.perf_counter()
-    tracker = _tracker(config, out)
+    tracker = _tracker(config, out, trainer.step_count)
     with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
         _train(trainer, tracker, progress, config, out, log)
         checkpoint = final_checkpoint(trainer, out)
@@ -112,13 +126,17 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     return summary
 
 
-def _tracker(config: DemoConfig, out: Path):
-    """The experiment tracker; `none` still keeps the run directory's own metrics.jsonl."""
+def _tracker(config: DemoConfig, out: Path, step: int):
+    """The experiment tracker; `none` still keeps the run directory's own metrics.jsonl. A W&B run
+    keeps one id per run directory, so a resume continues it."""
+    from trainers.rundir import wandb_run_id
     from trainers.tracking import JsonlTracker, make_tracker
 
     if config.tracker == "none":
         return JsonlTracker(out)
-    return make_tracker(config.tracker, out, config=asdict(config), name=out.name, group="demo")
+    run_id = wandb_run_id(out, step) if config.tracker == "wandb" else None
+    return make_tracker(config.tracker, out, config=asdict(config), name=out.name, group="demo", run_id=run_id,
+                        resumed_at=step)
 
 
 def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:
@@ -134,10 +152,6 @@ def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> No
                 save_checkpoint(trainer, out)
             if stop_requested():
                 raise KeyboardInterrupt
-
-
-class RunDirectoryError(RuntimeError):
-    """The run directory cannot be used as asked (it holds another run)."""
 
 
 def _read_before(out: Path) -> dict | None:

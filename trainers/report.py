@@ -65,24 +65,36 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def truncate_metrics(path: Path, steps_done: int) -> None:
     """Drop metric rows logged after the checkpoint a run resumes from, so no step appears twice
-    (a torn last line is dropped too)."""
+    (a torn last line is dropped too). The kept rows are written to a temporary file that replaces
+    the old one, so a write that fails (a full disk, `ulimit -f`) leaves every row where it was."""
+    path = Path(path)
     if path.exists():
-        rows = [row for row in read_metrics(path) if row[STEP_KEY] <= steps_done]
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        _keep_lines(path, lambda row: not (_is_number(row.get(STEP_KEY)) and row[STEP_KEY] > steps_done))
 
 
 def truncate_tables(tables_dir: Path, steps_done: int) -> None:
     """The same for the JSONL mirror of tables: rows whose `step` is past the checkpoint are dropped."""
     for path in sorted(Path(tables_dir).glob("*.jsonl")):
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line
-            if not (isinstance(row, dict) and _is_number(row.get("step")) and row["step"] > steps_done):
-                kept.append(line + "\n")
-        path.write_text("".join(kept), encoding="utf-8")
+        _keep_lines(path, lambda row: not (_is_number(row.get("step")) and row["step"] > steps_done))
+
+
+def _keep_lines(path: Path, keep) -> None:
+    """Rewrite `path` (atomically) with the JSON-object lines `keep(row)` accepts; unparsable lines
+    (a torn tail) go. Nothing is written when every line stays."""
+    from trainers.atomic import write_text_atomically
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    kept = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and keep(row):
+            kept.append(line + "\n")
+    new = "".join(kept)
+    if new != text:
+        write_text_atomically(path, new)
 
 
 def _is_number(value: Any) -> bool:
@@ -143,8 +155,11 @@ def plot_family(rows: list[dict[str, Any]], spec: PlotSpec, plots_dir: Path) -> 
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="best")
     figure.tight_layout()
+    from trainers.atomic import atomic_file
+
     path = plots_dir / spec.file_name
-    figure.savefig(path, format="png")
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png")
     return path
 
 
@@ -192,11 +207,14 @@ def held_out_lines(before: Mapping[str, Any] | None, after: Mapping[str, Any] | 
 
 
 def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, Any] | None = None,
-                 after: Mapping[str, Any] | None = None) -> Path:
+                 after: Mapping[str, Any] | None = None, extra: str = "") -> Path:
     """Write `run_dir/plots/*.png` and `run_dir/report.md` from `run_dir/metrics.jsonl`; return the report path.
 
-    `before` / `after` are held-out figures (metric name -> value) shown side by side when given.
+    `before` / `after` are held-out figures (metric name -> value) shown side by side when given;
+    `extra` (markdown) ends the report. Every file replaces its old version atomically.
     """
+    from trainers.atomic import write_text_atomically
+
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.exists():
@@ -216,6 +234,8 @@ def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, 
     if figures:
         lines += ["", "## Plots", ""]
         lines += [f"### {spec.title}\n\n![{spec.title}](plots/{path.name})\n" for spec, path in figures]
+    if extra:
+        lines += ["", extra.strip()]
     report_path = run_dir / "report.md"
-    report_path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    write_text_atomically(report_path, "\n".join(lines).rstrip() + "\n")
     return report_path

@@ -126,16 +126,33 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 
 
 def run_scenario(options: RunOptions, log=print) -> dict:
-    """Run everything (see the module docstring); returns the summary written to OUT/summary.json."""
-    from trainers.checkpoint import final_checkpoint, latest_checkpoint, load_checkpoint
+    """Run everything (see the module docstring); returns the summary written to OUT/summary.json.
+
+    A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
+    and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
+    """
+    from trainers.rundir import write_failure
+
+    scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+    out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
+    except OSError as error:
+        if isinstance(error, FileNotFoundError) and not str(error.filename or "").startswith(str(out)):
+            raise  # a missing input file, not a failed write
+        raise RunError(write_failure(out, error, trainer.step_count)) from None
+
+
+def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:
+    from trainers.atomic import write_text_atomically
+    from trainers.checkpoint import final_checkpoint, load_checkpoint
     from trainers.report import truncate_metrics, truncate_tables
+    from trainers.rundir import open_run_directory
     from trainers.scenario_eval import evaluate_team
     from trainers.stages import sft_warmup_stage, stage_plan
 
-    scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
     spec, train = scenario.spec, scenario.spec.train
-    out = Path(options.out or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    resumed = _open_run_directory(out, options.resume, latest_checkpoint)
+    resumed = open_run_directory(out, options.resume, log)
     plan = stage_plan(train)
     eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
     if resumed is not None:
@@ -146,26 +163,26 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
         before = evaluate_team(trainer.player, eval_tasks)
-        (out / "before.json").write_text(json.dumps(before))
+        write_text_atomically(out / "before.json", json.dumps(before))
     if before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
     if resumed is None and "warmup" in train.stages:
         report = sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)
         if report["sft_steps"]:
             trainer.restart_frozen_copies()  # the KL reference and the first opponent are the warmed-up model
-        (out / "warmup.json").write_text(json.dumps(report))
-    tracker = _tracker(options, scenario, out)
+        write_text_atomically(out / "warmup.json", json.dumps(report))
+    tracker = _tracker(options, scenario, out, trainer.step_count)
     started = time.perf_counter()
     with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
         _train(trainer, plan, train_tasks, tracker, out, log)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
-        (out / "after.json").write_text(json.dumps(after))
+        write_text_atomically(out / "after.json", json.dumps(after))
         summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
         tracker.summary(summary)
         tracker.log_artifact(checkpoint, name=f"{spec.name}-checkpoint", type="model",
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
     report = _write_report(out, spec, before, after, trainer)
     if after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
@@ -234,26 +251,18 @@ def _judgment_rows(step: int, episodes) -> list[list]:
     return rows
 
 
-def _open_run_directory(out: Path, resume: bool, latest_checkpoint):
-    if resume and not out.exists():
-        raise RunError(f"--resume: {out} does not exist; pass --out with the run directory to continue")
-    out.mkdir(parents=True, exist_ok=True)
-    resumed = latest_checkpoint(out) if resume else None
-    if resumed is None and latest_checkpoint(out) is not None:
-        raise RunError(f"{out} already holds a run; pass --resume to continue it or --out NEWDIR")
-    if resume and resumed is None:
-        raise RunError(f"--resume: {out} has no complete checkpoint to resume from; run without --resume")
-    return resumed
-
-
-def _tracker(options: RunOptions, scenario, out: Path):
+def _tracker(options: RunOptions, scenario, out: Path, step: int):
+    """The run's tracker; a W&B run keeps one id per run directory, so a resume continues it."""
+    from trainers.rundir import wandb_run_id
     from trainers.tracking import JsonlTracker, make_tracker
 
     kind = options.tracker or scenario.spec.train.tracking.tracker
     if kind == "none":
         return JsonlTracker(out)
+    run_id = wandb_run_id(out, step) if kind == "wandb" else None
     return make_tracker(kind, out, project=scenario.spec.train.tracking.project,
-                        config=scenario.spec.model_dump(mode="json"), name=out.name, group=scenario.spec.name)
+                        config=scenario.spec.model_dump(mode="json"), name=out.name, group=scenario.spec.name,
+                        run_id=run_id, resumed_at=step)
 
 
 def _read_json(path: Path):
@@ -272,11 +281,10 @@ def _write_report(out: Path, spec, before, after, trainer) -> Path:
     per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
     figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731
                          (per_agent and k.startswith("agent/"))}
-    report = write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after))
     totals = trainer.totals
-    with report.open("a", encoding="utf-8") as handle:
-        handle.write(f"\n## Judges\n\n{totals['masked_episodes']} of {totals['episodes']} training episodes had a "
-                     "masked reward (a judge or reward failure: advantage 0, never scored 0); "
-                     f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
-                     "judgment failed.\n")
-    return report
+    judges = (f"## Judges\n\n{totals['masked_episodes']} of {totals['episodes']} training episodes had a "
+              "masked reward (a judge or reward failure: advantage 0, never scored 0); "
+              f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
+              "judgment failed.\n")
+    return write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after),
+                        extra=judges)

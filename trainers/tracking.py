@@ -138,9 +138,11 @@ class JsonlTracker(Tracker):
             handle.writelines(lines)
 
     def summary(self, values: Mapping[str, Any]) -> None:
-        """Merge `values` into `summary.json` (rewritten whole each call)."""
+        """Merge `values` into `summary.json` (replaced atomically each call)."""
+        from trainers.atomic import write_text_atomically
+
         self._summary.update(values)
-        self.summary_path.write_text(json.dumps(json_safe(self._summary), indent=2, allow_nan=False) + "\n")
+        write_text_atomically(self.summary_path, json.dumps(json_safe(self._summary), indent=2, allow_nan=False) + "\n")
 
 
 def resolve_wandb_mode(environ: Mapping[str, str] | None = None) -> str | None:
@@ -182,26 +184,33 @@ class WandbTracker(Tracker):
 
     The mode follows `resolve_wandb_mode`: `WANDB_MODE` when set, else online with
     `WANDB_API_KEY`, else offline (sync later with `wandb sync <run_dir>/wandb/offline-run-*`).
+    With `run_id` the run continues the W&B run of that id (`resume="allow"`: a resumed training run
+    is one W&B run, each start an `offline-run-*-<run_id>` directory); `resumed_at` > 0 records the
+    step it resumed from in the summary (`resume/from_step`).
     """
 
     def __init__(self, run_dir: Path | str, project: str, config: Mapping[str, Any] | None = None,
-                 name: str | None = None, group: str | None = None, job_type: str = "train") -> None:
+                 name: str | None = None, group: str | None = None, job_type: str = "train",
+                 run_id: str | None = None, resumed_at: int = 0) -> None:
         super().__init__(run_dir)
         self.run_dir: Path = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = _import_wandb()
-        self.run = self._init_run(project, dict(config or {}), name, group, job_type)
+        self.run = self._init_run(project, dict(config or {}), name, group, job_type, run_id)
         self.mirror = JsonlTracker(self.run_dir)
         self._tables: dict[str, Any] = {}
         self._finished = False
+        if resumed_at:  # marks where the interrupted part ends (its later rows, if any, are logged again)
+            self.run.summary.update({"resume/from_step": resumed_at})
 
     def _init_run(self, project: str, config: dict[str, Any], name: str | None,
-                  group: str | None, job_type: str) -> Any:
+                  group: str | None, job_type: str, run_id: str | None = None) -> Any:
         """`wandb.init` with our settings, then one `define_metric` per step namespace."""
+        resume = {"id": run_id, "resume": "allow"} if run_id else {}
         try:
             run = self._wandb.init(project=project, config=config, dir=str(self.run_dir), name=name,
                                    group=group, job_type=job_type, mode=resolve_wandb_mode(),
-                                   reinit="finish_previous")
+                                   reinit="finish_previous", **resume)
         except Exception as error:  # wandb raises many types (UsageError, CommError, timeouts)
             raise RuntimeError(f"wandb.init failed: {error}. Check WANDB_MODE / WANDB_API_KEY, "
                                "or use --tracker jsonl") from error
@@ -257,13 +266,15 @@ class WandbTracker(Tracker):
 
 def make_tracker(kind: str, run_dir: Path | str, *, project: str = "marl",
                  config: Mapping[str, Any] | None = None, name: str | None = None,
-                 group: str | None = None) -> Tracker:
-    """Build the tracker for `--tracker kind` (one of `TRACKER_KINDS`).
+                 group: str | None = None, run_id: str | None = None, resumed_at: int = 0) -> Tracker:
+    """Build the tracker for `--tracker kind` (one of `TRACKER_KINDS`); `run_id` and `resumed_at`
+    go to `WandbTracker` (one W&B run per run directory, continued on resume).
 
     Raises ValueError for an unknown kind and RuntimeError when wandb is missing or fails to start.
     """
     if kind == "wandb":
-        return WandbTracker(run_dir, project=project, config=config, name=name, group=group)
+        return WandbTracker(run_dir, project=project, config=config, name=name, group=group, run_id=run_id,
+                            resumed_at=resumed_at)
     if kind == "jsonl":
         return JsonlTracker(run_dir)
     if kind == "none":
