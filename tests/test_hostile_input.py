@@ -108,6 +108,9 @@ FILES = {
                         ":4:5: agents.0.observation: unknown field {task.__class__}"),
     "tool_timeout_huge": (GOOD + "tools:\n  - name: root\n    function: math:sqrt\n    timeout_s: 1.0e9\n", {},
                           ":18:5: tools.0.timeout_s: Input should be less than or equal to 600 (got '1.0e9')"),
+    "regex_scorer_lookahead": (_with("    - kind: exact", "    - kind: regex\n      pattern: '(?=2)2'"), {},
+                               ":14:7: rewards.outcome.0: regex: pattern '(?=2)2' is not a valid regular expression "
+                               "for RE2 (invalid perl operator: (?=)"),
     "sql_database_text": (_with("    - kind: exact", "    - kind: sql\n      database: data.sqlite"),
                           {"data.sqlite": "not a database\n"},
                           ":15:7: rewards.outcome.0.database: database 'data.sqlite' is not an SQLite file"),
