@@ -51,9 +51,11 @@ def atomic_file(path: Path | str, mode: str = "w") -> Iterator[IO]:
             os.fsync(handle.fileno())
         _keep_mode(path, tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a failed write() names no file; the message should
         raise
     _sync_directory(path.parent)
 

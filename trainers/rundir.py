@@ -120,5 +120,5 @@ def write_failure(out: Path, error: OSError, step: int) -> str:
     kept = (f"the last complete checkpoint, {last.name}, is intact" if last
             else "there is no checkpoint yet, so --resume starts again from step 0")
     return (f"cannot write {where}{error.strerror or error} (stopped at step {step}; nothing already written "
-            f"was changed, {kept}); free some space, raise the file size limit (ulimit -f) or make {out} "
+            f"is lost, {kept}); free some space, raise the file size limit (ulimit -f) or make {out} "
             "writable, then continue with --resume")

@@ -103,6 +103,17 @@ def _dump_line(record: Any) -> str:
     return json.dumps(json_safe(record), allow_nan=False) + "\n"
 
 
+def _append(path: Path, lines: list[str]) -> None:
+    """Append lines in one write; a failure (full disk, `ulimit -f`) names the file it hit."""
+    try:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(lines))
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
+
+
 class JsonlTracker(Tracker):
     """Writes metrics, tables and the summary as plain files under `run_dir`.
 
@@ -122,9 +133,8 @@ class JsonlTracker(Tracker):
         self._summary: dict[str, Any] = {}
 
     def log(self, metrics: Mapping[str, float | int]) -> None:
-        """Append one JSON line to `metrics.jsonl`."""
-        with self.metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(_dump_line(dict(metrics)))
+        """Append one JSON line to `metrics.jsonl` (a line cut short by a full disk is dropped on resume)."""
+        _append(self.metrics_path, [_dump_line(dict(metrics))])
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         """Append each row as a `{column: cell}` JSON line to `tables/<key>.jsonl`."""
@@ -134,8 +144,7 @@ class JsonlTracker(Tracker):
             if len(row) != len(columns):
                 raise ValueError(f"table {key!r}: row has {len(row)} cells, expected {len(columns)} {columns}")
             lines.append(_dump_line({column: coerce_cell(cell) for column, cell in zip(columns, row)}))
-        with (self.tables_dir / table_file_name(key)).open("a", encoding="utf-8") as handle:
-            handle.writelines(lines)
+        _append(self.tables_dir / table_file_name(key), lines)
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Merge `values` into `summary.json` (replaced atomically each call)."""
