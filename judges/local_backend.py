@@ -53,6 +53,36 @@ class RequestError(Exception):
         self.status, self.kind = status, kind
 
 
+MAX_TOKENS_LIMIT = 4096  # one request cannot hold the single model thread for an unbounded generation
+MAX_TOP_LOGPROBS = 20  # the OpenAI API's own limit
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _number(payload: dict, name: str, default: float, low: float, high: float) -> float:
+    """payload[name] as a finite number in [low, high], else a 400 RequestError naming the range."""
+    value = payload.get(name)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (low <= value <= high):
+        raise RequestError(400, "invalid_request_error", f"{name} must be a number in [{_plain(low)}, "
+                                                         f"{_plain(high)}], got {value!r}")
+    return float(value)
+
+
+def _sampling(payload: dict) -> tuple[int, float, float]:
+    """(max_tokens, temperature, top_p) of a request, each checked (a 400 RequestError when out of range)."""
+    tokens_key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
+    max_tokens = _number(payload, tokens_key, 16, 1, MAX_TOKENS_LIMIT)
+    if not max_tokens.is_integer():
+        raise RequestError(400, "invalid_request_error", f"{tokens_key} must be an integer, got {max_tokens!r}")
+    _number(payload, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(payload, "top_p", 1.0, 1e-6, 1.0)
+    return int(max_tokens), temperature, top_p
+
+
 class LocalModel:
     """Holds the model and answers chat-completion payloads (independent of HTTP)."""
 
@@ -87,12 +117,11 @@ class LocalModel:
             raise RequestError(404, "not_found_error", f"model {payload.get('model')!r} not found; "
                                                        f"this server serves {self.name!r}")
         ids = self._prompt_ids(payload.get("messages"))
-        max_tokens = int(payload.get("max_tokens") or payload.get("max_completion_tokens") or 16)
-        temperature = float(payload.get("temperature", 1.0) or 0.0)
+        max_tokens, temperature, top_p = _sampling(payload)
         with self.lock:
             if payload.get("seed") is not None:
-                _seed_torch(int(payload["seed"]))
-            tokens, steps = self._generate(ids, max_tokens, temperature, float(payload.get("top_p", 1.0) or 1.0))
+                _seed_torch(int(_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)))
+            tokens, steps = self._generate(ids, max_tokens, temperature, top_p)
         return self._completion(tokens, steps, ids.size(1), payload)
 
     def _generate(self, ids, max_tokens, temperature, top_p):

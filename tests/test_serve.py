@@ -73,3 +73,34 @@ def test_a_local_model_is_a_judge_backend_whose_unparseable_verdicts_are_never_s
     assert all(j.status in ("truncated", "parse_error") for j in judgments)
     assert all(j.score is None for j in judgments)
     assert backend.identity.startswith("local:micro@")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_tokens": 10 ** 9}, "max_tokens must be a number in [1, 4096], got 1000000000"),
+    ({"temperature": -1}, "temperature must be a number in [0, 2], got -1"),
+    ({"top_p": 0}, "top_p must be a number in [1e-06, 1], got 0"),
+    ({"logprobs": True, "top_logprobs": 500}, "top_logprobs must be a number in [0, 20], got 500"),
+    ({"seed": 2 ** 70}, f"seed must be a number in [{-2 ** 63}, {2 ** 63 - 1}], got {2 ** 70}"),
+])
+def test_out_of_range_sampling_is_a_400_before_any_generation(served, options, message):
+    import openai
+
+    client = openai.OpenAI(base_url=served, api_key="EMPTY", max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="micro", messages=[{"role": "user", "content": "1="}], **options)
+    assert refused.value.body["message"] == message
+    answer = client.chat.completions.create(model="micro", messages=[{"role": "user", "content": "1="}], max_tokens=2)
+    assert answer.choices[0].finish_reason in ("stop", "length")  # the server still serves
+
+
+def test_a_broken_model_directory_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    result = subprocess.run([sys.executable, "-m", "trainers.cli", "serve", str(tmp_path / "broken"), "--port", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"marl: error: {tmp_path / 'broken'}: cannot load the model (OSError: ")
+    assert len(result.stderr.strip().splitlines()) == 1

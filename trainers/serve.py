@@ -71,8 +71,14 @@ def _handler(holder: dict):
                 self._error(error.status, error.kind, str(error))
             except (TypeError, ValueError) as error:
                 self._error(400, "invalid_request_error", str(error))
+            except Exception as error:  # noqa: BLE001 - one bad request never kills the server or prints a traceback
+                self._error(500, "server_error", f"{type(error).__name__}: {error}")
 
     return Handler
+
+
+class ModelLoadError(Exception):
+    """The model directory exists but the model cannot be loaded from it (the message says why)."""
 
 
 def check_port(port) -> int:
@@ -87,12 +93,20 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     """An HTTP server (not yet serving) for the model; port 0 picks a free port.
 
     ValueError for a port out of range, OSError when the address cannot be bound (checked before the
-    model is loaded), FileNotFoundError when model_dir is not a model directory.
+    model is loaded), FileNotFoundError when model_dir is not a model directory, ModelLoadError when
+    its files cannot be loaded (a broken config.json, missing weights).
     """
     holder: dict = {}
     httpd = ThreadingHTTPServer((host, check_port(port)), _handler(holder))
     try:
         holder["model"] = LocalModel(model_dir, name)
+    except FileNotFoundError:
+        httpd.server_close()
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        httpd.server_close()
+        message = " ".join(str(error).split())[:300]
+        raise ModelLoadError(f"{model_dir}: cannot load the model ({type(error).__name__}: {message})") from None
     except BaseException:
         httpd.server_close()
         raise
@@ -105,7 +119,7 @@ def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name
 
     try:
         httpd = make_http_server(model_dir, host, port, name)
-    except ValueError as error:
+    except (ValueError, ModelLoadError) as error:
         raise UsageError(str(error)) from None
     model = name or Path(model_dir).name
     print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1 (Ctrl-C stops)", flush=True)
