@@ -1,7 +1,10 @@
 """Benchmark Shapley credit against the team reward copied to every agent, on relay with a free rider.
 
 Run from a checkout: `python bench/credit_vs_equal.py` (3 seeds x 60 steps per condition, about
-4 minutes on a 2-core CPU once the tiny model is cached), or `--quick` for a smoke test.
+4 minutes on a 2-core CPU once the tiny model is cached), or `--quick` (seconds, for
+tests/test_benchmarks.py: 1 seed x 2 steps, 24 held-out tasks), which measures the same ratio on a run
+too short for either condition to reach its target. The last line, `ratio: ...`, is the steps to target
+of Shapley credit over those of the team reward (the anchor), both trained in this run.
 
 Set-up. The relay scenario (`left` adds the first pair, `right` the second, `final` adds their two
 sums) with `right` played by a frozen, noisy scripted policy (`noisy_right`, below): it gives the
@@ -123,11 +126,13 @@ def overrides(method: str, absent: str, seed: int, rollouts: int = 1) -> list[st
 
 
 def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_every: int, p: float,
-                    seed: int) -> dict:
-    """Train `steps` steps; held-out team success at step 0 and every `eval_every` steps."""
+                    seed: int, eval_tasks_max: int | None = None) -> dict:
+    """Train `steps` steps; held-out team success (on the first `eval_tasks_max` held-out tasks) at step 0
+    and every `eval_every` steps."""
     from trainers.run import RunOptions, prepare
 
     scenario, _, eval_tasks, trainer = prepare(RunOptions(str(scenario_path), settings), log=lambda m: None)
+    eval_tasks = eval_tasks[:eval_tasks_max]
     scenario.resolve(f"{MODULE}:reset_noise")(p, seed)
     phase = scenario.resolve(f"{MODULE}:set_phase")
     curve = [(0, held_out_success(trainer, eval_tasks, phase))]
@@ -215,10 +220,11 @@ def parse_args(argv=None):
     parser.add_argument("--absent", default="default_policy",
                         help="credit.absent of the Shapley condition (default_policy uses relay's expert)")
     parser.add_argument("--rollouts", type=int, default=1, help="credit.rollouts: replays per coalition (default 1)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 seed x 4 steps, evaluated every 2")
+    parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks evaluated (default: all 100)")
+    parser.add_argument("--quick", action="store_true", help="seconds: 1 seed x 2 steps, 24 held-out tasks")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.eval_every = 1, 4, 2
+        args.seeds, args.steps, args.eval_every, args.eval_tasks = 1, 2, 2, 24
     return args
 
 
@@ -234,14 +240,15 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     seeds = list(range(args.seeds))
     print(f"relay with a free rider (right correct with p={args.p}); {args.seeds} seeds x {args.steps} steps; "
-          f"shapley absent={args.absent}, rollouts={args.rollouts}; evaluation every {args.eval_every} steps on 100 held-out tasks")
+          f"shapley absent={args.absent}, rollouts={args.rollouts}; evaluation every {args.eval_every} steps on "
+          f"{args.eval_tasks or 100} held-out tasks")
     results = {}
     with tempfile.TemporaryDirectory(prefix="credit_vs_equal-") as tmp:
         scenario_path = relay_with_free_rider(Path(tmp))
         for seed in seeds:
             for method in ("team", "shapley"):
                 run = train_condition(scenario_path, overrides(method, args.absent, seed, args.rollouts), args.steps,
-                                      args.eval_every, args.p, seed)
+                                      args.eval_every, args.p, seed, args.eval_tasks)
                 results[method, seed] = run
                 print(f"  seed {seed} {method:<7} initial {run['curve'][0][1]:.2f} final {run['curve'][-1][1]:.2f} "
                       f"({run['seconds']:.0f} s)", flush=True)
@@ -251,6 +258,8 @@ def main(argv=None) -> int:
     ratio = print_table(results, seeds, target_of, args.steps)
     verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
     print(f"\nsteps to target, shapley / team = {ratio:.2f} (goal <= {GOAL_RATIO}): {verdict}")
+    print(f"ratio: {ratio:.2f} (shapley steps to target / team steps to target; anchor: the team reward, "
+          f"trained in this run)")
     return 0
 
 

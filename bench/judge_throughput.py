@@ -8,7 +8,10 @@ requests per second through the real `openai` client:
 and the speed-up of each over the sequential loop ("ideal" is concurrency / latency). Finally it fills
 a JudgeCache at the highest concurrency and replays the same requests from it with a fresh backend:
 the replay must make zero network calls (the server's request counter does not move). Exits with
-status 1 when the replay touches the network or a request fails.
+status 1 when the replay touches the network or a request fails. The last line, `ratio: ...`, is the
+requests per second at the highest concurrency over the sequential loop's, both measured in this run.
+`--quick` (a few seconds, for tests/test_benchmarks.py) measures the same at 20 ms latency with
+fewer requests and concurrency 1, 8 and 64.
 """
 
 from __future__ import annotations
@@ -87,14 +90,19 @@ async def run(args: argparse.Namespace) -> int:
         print(f"server latency {args.latency_ms:.0f} ms per request; openai client through OpenAIBackend")
         print(f"{'concurrency':>12} {'requests':>9} {'seconds':>9} {'req/s':>9} {'speed-up':>10} {'ideal':>9}")
         print(row("sequential", args.sequential, seconds, baseline, 1000.0 / args.latency_ms))
+        rates = {}
         for concurrency in args.concurrency:
             count = args.sequential if concurrency == 1 else args.requests
             seconds, responses, _ = await concurrent_run(server.url, make_requests(f"c{concurrency}", count),
                                                          concurrency)
             failures += sum(r.status != "ok" for r in responses)
+            rates[concurrency] = count / seconds
             print(row(str(concurrency), count, seconds, baseline, concurrency * 1000.0 / args.latency_ms))
         print(f"server max in flight: {server.max_in_flight}")
         failures += await cache_replay(server, args, baseline)
+    top = max(rates)
+    print(f"ratio: {rates[top] / baseline:.1f} (req/s at concurrency {top} / req/s of the sequential loop; "
+          f"anchor: the sequential loop, measured in this run)")
     return 1 if failures else 0
 
 
@@ -124,7 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sequential", type=int, default=40, help="requests of the sequential loop and c=1")
     parser.add_argument("--requests", type=int, default=320, help="requests at each concurrency > 1")
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES))
+    parser.add_argument("--quick", action="store_true", help="the same measurements in a few seconds")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.latency_ms, args.sequential, args.requests, args.concurrency = 20.0, 10, 64, [1, 8, 64]
     return asyncio.run(run(args))
 
 
