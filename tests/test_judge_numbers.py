@@ -159,3 +159,30 @@ def test_checked_response_keeps_failures_and_good_answers_as_they_are():
     timeout = ChatResponse("timeout", error="timeout: slow")
     assert checked_response(good) is good and checked_response(tiny_positive) is tiny_positive
     assert checked_response(timeout) is timeout
+
+
+def test_one_nan_answer_in_ten_fails_its_pair_and_the_report_still_finishes(backends, tmp_path):
+    """The case of issue 10: one NaN answer in a hundred killed the whole report after all calls."""
+    import threading
+
+    from judges.report import ReportItem, run_bias_report
+
+    lock, count = threading.Lock(), {"n": 0, "nan": 0}
+
+    def answer(body):  # runs in the server's handler threads
+        with lock:
+            count["n"] += 1
+            bad = count["n"] % 10 == 0
+            count["nan"] += bad
+        return ("ok", "[[A]]", [("A", {"A": math.nan if bad else -0.1, "B": -2.5, "C": -4.0})])
+
+    items = [ReportItem(id=str(i), prompt=f"Explain {i}.", candidates=(f"good {i}", f"bad {i}"), gold=0)
+             for i in range(10)]
+    cache = JudgeCache(tmp_path / "c.sqlite")
+    with JudgeServer(default=answer) as server:
+        report = run_bias_report(PairwiseJudge(backends(server.url, cache=cache)), items, per_kind=5)
+        calls = server.requests
+    assert calls == report["n_calls"] and count["nan"] == calls // 10 > 0
+    assert 0 < report["n_failed"] <= count["nan"]  # a NaN answer fails its pair, and only its pair
+    assert len(cache) == calls - count["nan"]  # every answer but the NaN ones was cached
+    json.dumps(report, allow_nan=False)
