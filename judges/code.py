@@ -1,60 +1,105 @@
-"""Code-tests verifier: run the candidate's code against hidden tests in the sandbox (judges.sandbox).
+"""Code-tests verifier: run the candidate's code against hidden tests, with every verdict made outside it.
 
 Tests (`tests=` or item.metadata["tests"]) are a list of entries, each one test:
-- {"call": "add(2, 3)", "expected": "5"}: the call is evaluated in the sandbox and its repr is sent
-  out; the comparison with `expected` (a Python literal written as text, e.g. "5", "'abc'", "[1, 2]";
-  a non-string value such as 5 or [1, 2] from YAML is taken as that value) happens OUTSIDE the
-  sandbox, so the expected value never reaches the candidate's process. Literals are compared with
-  Python equality (floats with a relative/absolute tolerance of 1e-9); anything else by its repr text.
+- {"call": "add(2, 3)", "expected": "5"}: a call test. The call is evaluated in the candidate's
+  sandboxed process and only the value's repr comes back (judges.code_harness); the comparison with
+  `expected` (a Python literal written as text, e.g. "5", "'abc'", "[1, 2]"; a non-string value such as
+  5 or [1, 2] from YAML is taken as that value) happens OUTSIDE the sandbox, so the expected value never
+  reaches the candidate's process. Plain data is compared with Python equality (floats within 1e-9,
+  bools only with bools); a value that is not plain data matches only a non-literal expected text.
 - "assert add(2, 3) == 5": a statement. `assert <expr> == <literal>` (either side) becomes a call
-  test as above; any other statement passes when it runs without raising.
+  test as above. Any other statement (`assert add(1, 1) > 1`, `assert not is_odd(2)`) is split: each
+  expression rooted at a name the candidate defines (a call, attribute or subscript of it) is evaluated
+  in the candidate's process, and the statement itself runs in a SECOND sandbox process that holds no
+  candidate code, only those values as plain data. It passes when it runs without raising. So no
+  object of the candidate's (an `__eq__` that always says True, a patched builtin) takes part in a check.
+  Every such expression is evaluated, in order, even where the statement would short-circuit; one that
+  uses a name the statement binds (a comprehension variable) is an error at parse time.
 A single string is split into one statement per non-empty, non-comment line.
 
-The harness prints one result line per test tagged with a random nonce (read from a file it deletes
-before the candidate's code runs; the candidate's stdout goes to /dev/null), so printing "PASSED"
-earns nothing. Statement tests rely on that nonce staying secret, which the sandbox makes hard but
-cannot promise; call tests are unforgeable either way, so prefer them.
-
-Score: the fraction of tests passed (require_all=True: 1 only when all pass, else 0). It is 0 when the
-code does not load (syntax error, exception at import, sys.exit), lacks the `entry` function, times
-out, runs out of memory, attempts a blocked action, or when the harness does not finish or its
-output is tampered with. Running is not rewarded: code that defines nothing (or only `pass`) fails
-every test. Judgment details list, per test, whether it passed and what came back, never the expected
-value (so that feedback built from details cannot leak hidden answers).
+What the candidate writes (stdout, the result channel) can only be claims of values: no nonce, marker
+or expected value exists in its process to forge or read. Score: the fraction of tests passed
+(require_all=True: 1 only when all pass, else 0). It is 0 when the code does not load (syntax error,
+exception at import, sys.exit), lacks the `entry` function (default: item.metadata["entry"]), times
+out, runs out of memory, attempts a blocked action, or when its report is inconsistent (records it
+forged). Running is not rewarded: code that defines nothing fails every test. A sandbox failure is a
+failed Judgment, never a score. Rationales use fixed words, numbers and built-in exception names only,
+so no text of the candidate's choosing reaches feedback built from them; details list, per test,
+whether it passed and what came back (at most 200 characters), never the expected value.
 """
 
 from __future__ import annotations
 
 import ast
-import math
+import builtins
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from judges import code_harness as harness
+from judges.code_harness import Claim, Evaluation, decode_literal, equal, is_literal
 from judges.rules import RuleVerifier
-from judges.sandbox import SandboxError, run_python
+from judges.sandbox import SandboxError
 from judges.types import Candidate, Item, Judgment, failed, passed
 
-_REPR_LIMIT = 10_000
+_BUILTIN_NAMES = frozenset(dir(builtins))
+_PLACEHOLDER = "__marl_value_{}"
 
 
 @dataclass(frozen=True)
 class TestCase:
-    """One hidden test: kind "value" (source is an expression, expected its repr) or "statement"."""
+    """One hidden test. kind "value": `source` is an expression, `expected` its repr. kind
+    "statement": `source` the statement, `expressions` what runs in the candidate's process and
+    `check` the statement with those replaced by placeholders (run without candidate code)."""
 
     kind: str
     source: str
     expected: str | None = None
+    expressions: tuple[str, ...] = ()
+    check: str = ""
+
+    @property
+    def calls(self) -> tuple[str, ...]:
+        """The expressions evaluated in the candidate's process for this test."""
+        return (self.source,) if self.kind == "value" else self.expressions
 
 
 def _literal(node: ast.AST) -> bool:
-    try:
-        ast.literal_eval(node)
-        return True
-    except (ValueError, TypeError, SyntaxError, RecursionError):
-        return False
+    return is_literal(ast.unparse(node))
+
+
+def _rooted(node: ast.AST, bound: set[str]) -> bool:
+    """Whether `node` is a name the candidate defines, or a call/attribute/subscript chain on one."""
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in _BUILTIN_NAMES \
+        and node.id not in bound and not node.id.startswith("__marl_")
+
+
+class _Extractor(ast.NodeTransformer):
+    def __init__(self, bound: set[str], statement: str):
+        self.bound, self.statement, self.found = bound, statement, []
+
+    def visit(self, node):
+        if isinstance(node, ast.expr) and _rooted(node, self.bound):
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & self.bound
+            if used:
+                raise ValueError(f"test {self.statement!r} calls the candidate's code with {sorted(used)[0]!r}, "
+                                 "a name the statement binds; write one assert per value instead")
+            self.found.append(ast.unparse(node))
+            return ast.copy_location(ast.Name(id=_PLACEHOLDER.format(len(self.found) - 1), ctx=ast.Load()), node)
+        return self.generic_visit(node)
+
+
+def _split_statement(statement: str, tree: ast.Module) -> TestCase:
+    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.Assert, ast.Expr, ast.Assign)):
+        raise ValueError(f"test {statement!r} must be one assert, expression or assignment")
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    bound |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    extractor = _Extractor(bound, statement)
+    rewritten = extractor.visit(tree)
+    return TestCase("statement", statement, None, tuple(extractor.found), ast.unparse(ast.fix_missing_locations(rewritten)))
 
 
 def _statement_case(statement: str) -> TestCase:
@@ -67,8 +112,8 @@ def _statement_case(statement: str) -> TestCase:
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
             for call, literal in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
                 if _literal(literal) and not _literal(call):
-                    return TestCase("value", ast.unparse(call), repr(ast.literal_eval(literal)))
-    return TestCase("statement", statement)
+                    return TestCase("value", ast.unparse(call), repr(decode_literal(ast.unparse(literal))))
+    return _split_statement(statement, tree)
 
 
 def parse_tests(tests: Any) -> list[TestCase]:
@@ -113,124 +158,69 @@ def extract_code(text: str, entry: str | None = None) -> str:
     return (with_definitions or blocks)[-1]
 
 
-_HARNESS = '''
-def _harness():
-    import builtins, os
-    globals().pop("_harness", None)
-    write, encode, text, base, kind_of, is_callable = os.write, str.encode, str, BaseException, type, callable
-    compile_, exec_, eval_, repr_ = compile, exec, eval, repr
-    with open(".nonce", "rb") as handle:
-        nonce = handle.read().strip()
-    os.remove(".nonce")
-    out, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.close(null)
-
-    def emit(line):
-        try:
-            write(out, b"\\n" + nonce + b" " + line + b"\\n")
-        except base:
-            pass
-
-    def name_of(error):
-        try:
-            return encode(text.__str__(kind_of(error).__name__), "ascii", "replace")[:80]
-        except base:
-            return b"?"
-
-    namespace = {{"__name__": "solution", "__builtins__": builtins}}
-    try:
-        exec_(compile_({source!r}, "solution.py", "exec"), namespace)
-    except base as error:
-        emit(b"load-error " + name_of(error))
-        return
-    emit(b"loaded")
-    if {entry!r} is not None and not is_callable(namespace.get({entry!r})):
-        emit(b"no-entry")
-        return
-    for index, (kind, source) in enumerate({cases!r}):
-        head = encode(text(index)) + b" "
-        try:
-            if kind == "value":
-                value = eval_(compile_(source, "<test>", "eval"), namespace)
-                shown = text.__getitem__(repr_(value), slice(0, {limit}))
-                emit(head + b"value " + encode(shown, "unicode_escape"))
-            else:
-                exec_(compile_(source, "<test>", "exec"), namespace)
-                emit(head + b"pass")
-        except base as error:
-            emit(head + b"raise " + name_of(error))
-    emit(b"done")
-
-_harness()
-'''
-
-
-def build_harness(code: str, cases: Sequence[TestCase], entry: str | None = None) -> str:
-    """The sandboxed program that loads `code` and reports each test (expected values stay out)."""
-    return _HARNESS.format(source=code, entry=entry, cases=[(case.kind, case.source) for case in cases],
-                           limit=_REPR_LIMIT)
-
-
-def _equal(got: Any, want: Any) -> bool:
-    if isinstance(got, float) or isinstance(want, float):
-        if isinstance(got, (int, float)) and isinstance(want, (int, float)):
-            return got == want or math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
-        return False
-    if isinstance(got, (list, tuple)) and type(got) is type(want):
-        return len(got) == len(want) and all(_equal(g, w) for g, w in zip(got, want))
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(_equal(got[key], want[key]) for key in got)
-    return got == want
-
-
 def values_match(got: str, expected: str) -> bool:
-    """Whether a returned repr matches the expected literal (module docstring)."""
+    """Whether a returned repr matches the expected literal (module docstring); texts that are not
+    literals are compared as text."""
     try:
-        return _equal(ast.literal_eval(got), ast.literal_eval(expected))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return equal(decode_literal(got), decode_literal(expected))
+    except ValueError:
         return got.strip() == expected.strip()
 
 
-@dataclass
-class _Report:
-    loaded: bool = False
-    load_error: str = ""
-    no_entry: bool = False
-    done: bool = False
-    tampered: bool = False
-    outcomes: dict[int, tuple[str, str]] | None = None
+_CHECKER = r"""
+def _check(cases):
+    import os
+    for index, (check, values) in enumerate(cases):
+        try:
+            scope = {"nan": float("nan"), "inf": float("inf")}
+            data = {"__builtins__": {"set": set, "frozenset": frozenset}, "nan": scope["nan"], "inf": scope["inf"]}
+            for number, text in enumerate(values):
+                scope["__marl_value_%d" % number] = eval(text, data)
+            exec(compile(check, "<test>", "exec"), scope)
+            line = "%d pass" % index
+        except BaseException as error:
+            line = "%d raise %s" % (index, type(error).__name__)
+        os.write(3, line.encode("ascii", "replace") + b"\n")
+
+_check(__CASES__)
+"""
 
 
-def parse_report(stdout: str, nonce: str, count: int) -> _Report:
-    """The harness's nonce-tagged lines; any duplicate or unknown line marks the output as tampered."""
-    report, outcomes = _Report(), {}
-    for line in re.findall(rf"^{re.escape(nonce)} (.*)$", stdout, flags=re.MULTILINE):
-        verb, _, rest = line.partition(" ")
-        if verb in ("loaded", "done", "no-entry", "load-error"):
-            attribute = {"loaded": "loaded", "done": "done", "no-entry": "no_entry", "load-error": "load_error"}[verb]
-            report.tampered |= bool(getattr(report, attribute))
-            setattr(report, attribute, rest or True)
-        elif verb.isdigit() and int(verb) < count and int(verb) not in outcomes:
-            kind, _, payload = rest.partition(" ")
-            outcomes[int(verb)] = (kind, payload)
-        else:
-            report.tampered = True
-    report.outcomes = outcomes
-    return report
+def check_statements(batch: list[tuple[str, list[Claim]]], *, timeout_s: float, memory_mb: int) -> list[str]:
+    """Run each (rewritten statement, claims of its expressions) in a sandbox process that holds no
+    candidate code, only the claimed values re-written as literals; per statement, "pass" or
+    "raise <built-in exception name or ?>" ("missing" when the run ended first). SandboxError propagates."""
+    cases = [(check, [repr(decode_literal(claim.text)) for claim in claims]) for check, claims in batch]
+    result = harness.run_python(_CHECKER.replace("__CASES__", repr(cases)), timeout_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb,
+                                output_limit=64_000, channel=True)
+    outcomes = ["missing"] * len(batch)
+    for line in result.channel.decode("ascii", "replace").split("\n")[:-1]:
+        index, _, outcome = line.partition(" ")
+        if index.isdigit() and int(index) < len(batch):
+            verb, _, name = outcome.partition(" ")
+            outcomes[int(index)] = "pass" if verb == "pass" else "raise " + harness.exception_name(name)
+    return outcomes
 
 
-_STATUS_WORDS = {"timeout": "timed out", "memory": "ran out of memory", "killed": "was killed by a signal",
-                 "error": "exited with an error", "blocked": "attempted a blocked action"}
+def _entry_of(configured: str | None, item: Item) -> str | None:
+    entry = configured if configured is not None else item.metadata.get("entry")
+    if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
+        raise ValueError(f"entry must be a Python identifier (a function name), got {entry!r}")
+    return entry
+
+
+def _load_phrase(evaluation: Evaluation) -> str:
+    name = evaluation.load_error
+    return "an exception of a class it defined" if name in ("", "?") else name
 
 
 class CodeTestsVerifier(RuleVerifier):
     """Hidden tests run against the candidate's code in the sandbox (module docstring for the rules).
 
     tests: the tests for every item (default: item.metadata["tests"]). entry: the function the code
-    must define. timeout_s / cpu_s / memory_mb: sandbox limits for the whole run (cpu_s defaults to
-    timeout_s). require_all: all-or-nothing instead of the fraction passed. output_limit: bytes of
-    output kept (the result lines must fit).
+    must define (default: item.metadata["entry"], if any). timeout_s / cpu_s / memory_mb: sandbox
+    limits for the whole run (cpu_s defaults to timeout_s). require_all: all-or-nothing instead of the
+    fraction passed. output_limit: bytes of the result channel kept (the records must fit).
     """
 
     kind = "code_tests"
@@ -256,47 +246,58 @@ class CodeTestsVerifier(RuleVerifier):
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
         try:
-            cases = self._cases(item)
+            cases, entry = self._cases(item), _entry_of(self.entry, item)
         except ValueError as error:
             return failed("error", str(error))
         if not cases:
             return failed("error", "the test list is empty")
-        code = extract_code(candidate.text, self.entry)
+        code = extract_code(candidate.text, entry)
         if not code.strip():
             return passed(0.0, "no code in the answer")
-        nonce = secrets.token_hex(16)
         try:
-            result = run_python(build_harness(code, cases, self.entry), files={".nonce": nonce},
-                                timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
-                                output_limit=self.output_limit)
+            evaluation = harness.evaluate(code, [call for case in cases for call in case.calls], entry=entry,
+                                          timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
+                                          output_limit=self.output_limit)
+            refusal = self._refusal(evaluation, entry)
+            return refusal if refusal is not None else self._grade(cases, evaluation)
         except SandboxError as error:
             return failed("error", f"sandbox failure: {error}")
-        if result.status != "ok":
-            why = _STATUS_WORDS.get(result.status, result.status)
-            return passed(0.0, f"the code {why}" + (f" ({result.blocked})" if result.blocked else ""),
-                          sandbox=result.status, stderr=result.stderr[-2000:])
-        return self._grade(parse_report(result.stdout, nonce, len(cases)), cases, result.stderr)
 
-    def _grade(self, report: _Report, cases: list[TestCase], stderr: str) -> Judgment:
-        if report.tampered:
-            return passed(0.0, "the harness output was tampered with (duplicate or unknown result lines)")
-        if not report.loaded:
-            return passed(0.0, f"the code failed to load ({report.load_error or 'no result'})",
-                          stderr=stderr[-2000:])
-        if report.no_entry:
-            return passed(0.0, f"the code does not define a callable {self.entry!r}")
-        if not report.done:
-            return passed(0.0, "the run ended before all tests reported", stderr=stderr[-2000:])
-        results = []
+    def _refusal(self, evaluation: Evaluation, entry: str | None) -> Judgment | None:
+        """A zero for a run that did not report every test (None when it did)."""
+        if evaluation.status == "tampered":
+            return passed(0.0, "the code's report was inconsistent (it wrote result records itself)")
+        if evaluation.status != "ok":
+            why = harness.STATUS_WORDS.get(evaluation.status, evaluation.status)
+            return passed(0.0, f"the code {why}" + (f" ({evaluation.blocked})" if evaluation.blocked else ""),
+                          sandbox=evaluation.status, stderr=evaluation.stderr)
+        if evaluation.no_entry:
+            return passed(0.0, f"the code does not define {entry!r}")
+        if not evaluation.loaded:
+            return passed(0.0, f"the code failed to load ({_load_phrase(evaluation)})", stderr=evaluation.stderr)
+        if not evaluation.done:
+            return passed(0.0, "the run ended before all tests reported", stderr=evaluation.stderr)
+        return None
+
+    def _grade(self, cases: list[TestCase], evaluation: Evaluation) -> Judgment:
+        results, batch, position = [], [], 0
         for index, case in enumerate(cases):
-            kind, payload = report.outcomes.get(index, ("missing", ""))
-            if kind == "value":
-                shown = payload.encode("ascii", "replace").decode("unicode_escape", "replace")
-                ok = case.kind == "value" and values_match(shown, case.expected)
-                results.append({"index": index, "passed": ok, "returned": shown[:200]})
+            claims = evaluation.claims[position:position + len(case.calls)]
+            position += len(case.calls)
+            shown = " ".join(f"{c.kind} {c.text}".strip() for c in claims)[:200]
+            if case.kind == "value":
+                results.append({"index": index, "passed": harness.claim_matches(claims[0], case.expected),
+                                "returned": shown})
+            elif all(claim.kind == "value" for claim in claims):
+                batch.append((index, case.check, claims))
+                results.append({"index": index, "passed": False, "returned": shown})
             else:
-                ok = kind == "pass" and case.kind == "statement"
-                results.append({"index": index, "passed": ok, "outcome": f"{kind} {payload}".strip()})
+                results.append({"index": index, "passed": False, "returned": shown})
+        if batch:
+            outcomes = check_statements([(check, claims) for _, check, claims in batch],
+                                        timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            for (index, _, _), outcome in zip(batch, outcomes):
+                results[index].update(passed=outcome == "pass", outcome=outcome)
         count = sum(result["passed"] for result in results)
         score = float(count == len(cases)) if self.require_all else count / len(cases)
         return passed(score, f"{count}/{len(cases)} hidden tests passed", passed_tests=count, total=len(cases),
