@@ -14,10 +14,11 @@ export TOKENIZERS_PARALLELISM := false
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+# The bench extra (shap) is installed too: `make test` runs every bench/*.py --quick (tests/test_benchmarks.py).
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)
