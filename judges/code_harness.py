@@ -48,6 +48,7 @@ def _harness(source, entry, expressions, limit):
     base, issubclass_ = BaseException, issubclass
     exceptions = [(value, name) for name, value in dict_items(pristine)
                   if isinstance_(value, type) and issubclass_(value, base)]
+    str_encode("\u00e9", "unicode_escape"), str_encode("", "ascii")  # codec lookups run Python code: done now
     atoms = (int, float, complex, bool, str, bytes, type_(None))
     sequences = (list, tuple, set, frozenset)
 

@@ -3,10 +3,17 @@
 Each task is a small Python function: a signature, a one-line spec, visible examples (in the prompt)
 and hidden tests (in metadata["tests"], the `{"call", "expected"}` format of judges.code). Expected
 values are computed once from the reference solution (trusted code, run here, never in the prompt).
+
+The tester is scored by `tester_tests_valid` with a rule a tautology cannot pass: a check earns credit
+only as an `assert f(<literals>) == <literal>` that holds for the reference solution and fails for at
+least one known-wrong implementation (MUTANTS, in metadata["mutants"]), each run in its own sandbox
+process with no model-written code in it; the comparisons happen outside the sandbox. Nothing of the
+reference, the mutants or the expected values enters a process that runs the coder's code.
 """
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 
@@ -132,6 +139,85 @@ FUNCTIONS: list[tuple[str, str, str, list[str], list[str], str]] = [
 ]
 
 
+
+# Known-wrong implementations, per function: the first fails the visible example, the second passes it
+# and fails a hidden test (an edge case). They score the tester (tester_tests_valid) and stay outside
+# every sandbox process that runs model-written code.
+MUTANTS: dict[str, tuple[str, str]] = {
+    "add_numbers": ("def add_numbers(a, b):\n    return a - b\n", "def add_numbers(a, b):\n    return abs(a) + b\n"),
+    "reverse_string": ("def reverse_string(s):\n    return s\n", "def reverse_string(s):\n    return s[::-1].lower()\n"),
+    "is_palindrome": ("def is_palindrome(s):\n    return s == s[::-1]\n",
+                      "def is_palindrome(s):\n    t = [c.lower() for c in s]\n    return t == t[::-1]\n"),
+    "count_vowels": ("def count_vowels(s):\n    return sum(c in 'ae' for c in s)\n",
+                     "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)\n"),
+    "fizzbuzz": ("def fizzbuzz(n):\n    return str(n)\n",
+                 "def fizzbuzz(n):\n    if n % 3 == 0:\n        return 'Fizz'\n    if n % 5 == 0:\n        return 'Buzz'\n"
+                 "    if n % 15 == 0:\n        return 'FizzBuzz'\n    return str(n)\n"),
+    "factorial": ("def factorial(n):\n    result = 1\n    for k in range(2, n):\n        result *= k\n    return result\n",
+                  "def factorial(n):\n    if n == 0:\n        return 0\n    result = 1\n    for k in range(2, n + 1):\n"
+                  "        result *= k\n    return result\n"),
+    "fibonacci": ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n + 1):\n        a, b = b, a + b\n    return a\n",
+                  "def fibonacci(n):\n    if n == 0:\n        return 1\n    a, b = 0, 1\n    for _ in range(n):\n"
+                  "        a, b = b, a + b\n    return a\n"),
+    "is_prime": ("def is_prime(n):\n    return n % 2 == 0\n",
+                 "def is_prime(n):\n    return n >= 1 and all(n % k for k in range(2, n))\n"),
+    "running_max": ("def running_max(xs):\n    return list(xs)\n",
+                    "def running_max(xs):\n    best, out = 0, []\n    for x in xs:\n        best = max(best, x)\n"
+                    "        out.append(best)\n    return out\n"),
+    "second_largest": ("def second_largest(xs):\n    return max(xs) if xs else None\n",
+                       "def second_largest(xs):\n    values = sorted(xs)\n    return values[-2] if len(values) >= 2 else None\n"),
+    "flatten_once": ("def flatten_once(xss):\n    return xss\n",
+                     "def flatten_once(xss):\n    return [x for xs in xss for x in xs] or None\n"),
+    "chunk_list": ("def chunk_list(xs, size):\n    return [xs[i:i + size] for i in range(0, len(xs) - size + 1, size)]\n",
+                   "def chunk_list(xs, size):\n    return [xs[i:i + size] for i in range(0, len(xs), size)] or [[]]\n"),
+    "word_count": ("def word_count(text):\n    return {word: 1 for word in text.lower().split()}\n",
+                   "def word_count(text):\n    counts = {}\n    for word in text.split():\n"
+                   "        counts[word] = counts.get(word, 0) + 1\n    return counts\n"),
+    "caesar_shift": ("def caesar_shift(s, k):\n    return ''.join(chr((ord(c) - 97 - k) % 26 + 97) if 'a' <= c <= 'z' else c"
+                     " for c in s)\n",
+                     "def caesar_shift(s, k):\n    return ''.join(chr(ord(c) + k) if 'a' <= c <= 'z' else c for c in s)\n"),
+    "digit_sum": ("def digit_sum(n):\n    return len(str(abs(n)))\n",
+                  "def digit_sum(n):\n    return sum(int(d) for d in str(n).replace('-', '1'))\n"),
+    "gcd_of": ("def gcd_of(a, b):\n    return min(a, b)\n",
+               "def gcd_of(a, b):\n    for k in range(min(a, b), 0, -1):\n        if a % k == 0 and b % k == 0:\n"
+               "            return k\n    return 1\n"),
+    "unique_sorted": ("def unique_sorted(xs):\n    return sorted(xs)\n",
+                      "def unique_sorted(xs):\n    return sorted(set(x for x in xs if x > 0))\n"),
+    "title_case": ("def title_case(s):\n    return s.upper()\n",
+                   "def title_case(s):\n    return ' '.join(w[:1].upper() + w[1:] for w in s.split(' '))\n"),
+    "count_char": ("def count_char(s, c):\n    return s.count(c) - 1\n",
+                   "def count_char(s, c):\n    return s.count(c) if c in s else -1\n"),
+    "merge_sorted": ("def merge_sorted(a, b):\n    return a + b\n", "def merge_sorted(a, b):\n    return sorted(set(a + b))\n"),
+    "binary_string": ("def binary_string(n):\n    return bin(n)\n",
+                      "def binary_string(n):\n    out = ''\n    while n:\n        out = str(n % 2) + out\n        n //= 2\n"
+                      "    return out\n"),
+    "mean_value": ("def mean_value(xs):\n    return sum(xs) / (len(xs) + 1) if xs else 0.0\n",
+                   "def mean_value(xs):\n    return sum(xs) // len(xs) if xs else 0.0\n"),
+    "rotate_left": ("def rotate_left(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n    return xs[-k:] + xs[:-k]\n",
+                    "def rotate_left(xs, k):\n    return xs[k:] + xs[:k]\n"),
+    "longest_word": ("def longest_word(text):\n    return min(text.split(), key=len) if text.split() else ''\n",
+                     "def longest_word(text):\n    best = ''\n    for word in text.split():\n        if len(word) >= len(best):\n"
+                     "            best = word\n    return best\n"),
+    "remove_duplicates": ("def remove_duplicates(xs):\n    return list(xs)\n",
+                          "def remove_duplicates(xs):\n    return sorted(set(xs))\n"),
+    "sum_of_squares": ("def sum_of_squares(n):\n    return sum(k * k for k in range(1, n))\n",
+                       "def sum_of_squares(n):\n    return n * (n + 1) * (2 * n + 1) // 6\n"),
+    "is_anagram": ("def is_anagram(a, b):\n    return a == b\n",
+                   "def is_anagram(a, b):\n    return sorted(a.lower()) == sorted(b.lower())\n"),
+    "clamp_value": ("def clamp_value(x, low, high):\n    return max(low, x)\n",
+                    "def clamp_value(x, low, high):\n    return min(high, x)\n"),
+    "pairwise_diff": ("def pairwise_diff(xs):\n    return [a - b for a, b in zip(xs, xs[1:])]\n",
+                      "def pairwise_diff(xs):\n    return [abs(b - a) for a, b in zip(xs, xs[1:])]\n"),
+    "vowel_positions": ("def vowel_positions(s):\n    return [i for i, c in enumerate(s) if c not in 'aeiou']\n",
+                        "def vowel_positions(s):\n    return [i for i, c in enumerate(s) if c in 'aeiou']\n"),
+    "matrix_transpose": ("def matrix_transpose(m):\n    return m\n",
+                         "def matrix_transpose(m):\n    return [[row[i] for row in m] for i in range(len(m))]\n"),
+    "run_length": ("def run_length(s):\n    return ''.join(c + '1' for c in s)\n",
+                   "def run_length(s):\n    out, i = [], 0\n    while i < len(s):\n        j = i\n"
+                   "        while j < len(s) and s[j] == s[i]:\n            j += 1\n        out.append(s[i] + str(min(j - i, 9)))\n"
+                   "        i = j\n    return ''.join(out)\n"),
+}
+
 def _evaluate(solution: str, calls: list[str]) -> list[str]:
     namespace: dict = {}
     exec(compile(solution, "<reference>", "exec"), namespace)  # trusted reference code
@@ -153,6 +239,7 @@ def generate_tasks(seed: int, count: int) -> list[dict]:
                 "examples": shown,
                 "tests": [{"call": call, "expected": value} for call, value in zip(hidden, _evaluate(solution, hidden))],
                 "solution": solution,
+                "mutants": list(MUTANTS[entry]),
             },
             "difficulty": float(len(solution.splitlines())),
         })
@@ -167,35 +254,75 @@ def expert(agent: str, observation: str, task) -> str:
     return f"{checks}\nAPPROVED"
 
 
-_ASSERT = re.compile(r"^\s*assert\s+.+$", re.MULTILINE)
-_VERIFIER = None
+_ASSERT = re.compile(r"^\s*assert\b.*$", re.MULTILINE)
+MAX_CHECKS = 8
 
 
-def tester_tests_valid(item, candidate) -> float:
-    """The tester's contribution: the fraction of its `assert` lines (at most 8) that mention the task's
-    function and hold for the reference solution (run in the sandbox). 0 when it wrote no such line."""
-    global _VERIFIER
-    entry = item.metadata.get("entry", "")
-    lines = [line.strip() for line in _ASSERT.findall(candidate.text or "")
-             if re.search(rf"\b{re.escape(entry)}\s*\(", line)][:8]
-    if not lines:
+def tester_call_test(line: str, entry: str) -> tuple[str, str] | None:
+    """(call, expected) when `line` is `assert entry(<literals>) == <literal>` (either side), with
+    the literals normalised; None for anything else (it can earn no credit)."""
+    from judges.code_harness import decode_literal
+
+    try:
+        tree = ast.parse(line.strip())
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert) or tree.body[0].msg is not None:
+        return None
+    test = tree.body[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return None
+    for call, other in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == entry:
+            try:
+                args = [repr(decode_literal(ast.unparse(arg))) for arg in call.args]
+                args += [f"{k.arg}={decode_literal(ast.unparse(k.value))!r}" for k in call.keywords if k.arg]
+                expected = repr(decode_literal(ast.unparse(other)))
+            except ValueError:
+                return None
+            if len(args) == len(call.args) + len(call.keywords):
+                return f"{entry}({', '.join(args)})", expected
+    return None
+
+
+def _claims(code: str, calls: list[str], entry: str) -> list:
+    from judges.code_harness import Claim, evaluate
+
+    evaluation = evaluate(code, calls, entry=entry, timeout_s=2.0, memory_mb=256)
+    return evaluation.claims or [Claim("missing")] * len(calls)
+
+
+def tester_tests_valid(item, candidate):
+    """The tester's score: the share of its `assert` lines that are discriminating checks.
+
+    A line earns credit only if it is `assert <function>(<literals>) == <literal>` (either side; one
+    of the first MAX_CHECKS such lines, repeats counted once), the reference solution returns that
+    literal, AND at least one known-wrong implementation (metadata["mutants"]) does not. Each
+    implementation runs in a sandbox process of its own, on data only (no line of the tester's runs
+    as code anywhere), and the comparisons are made here. So `assert True`, `assert True or f()`,
+    `assert 1 == 1`, asserts that never call the function, and asserts that every implementation
+    passes earn nothing, and every assert line counts in the denominator. 0.0 without assert lines; a
+    sandbox failure is a failed Judgment, never a number.
+    """
+    from judges.code_harness import SandboxError, claim_matches
+    from judges.types import failed
+
+    entry, text = item.metadata.get("entry", ""), candidate.text or ""
+    lines = _ASSERT.findall(text)
+    tests = list(dict.fromkeys(test for test in (tester_call_test(line, entry) for line in lines) if test))
+    tests = tests[:MAX_CHECKS]
+    if not lines or not tests:
         return 0.0
-    from judges.code import CodeTestsVerifier, parse_tests
-    from judges.types import Candidate, Item
-
-    valid = []
-    for line in lines:
-        try:
-            parse_tests([line])
-            valid.append(line)
-        except ValueError:
-            continue
-    if not valid:
-        return 0.0
-    if _VERIFIER is None:
-        _VERIFIER = CodeTestsVerifier(timeout_s=2.0, memory_mb=256)
-    judgment = _VERIFIER.score(Item(prompt="", metadata={"tests": valid}),
-                               [Candidate(text=item.metadata["solution"])])[0]
-    if not judgment.ok:
-        return judgment
-    return judgment.score * len(valid) / len(lines)
+    try:
+        reference = _claims(item.metadata["solution"], [call for call, _ in tests], entry)
+        kept = [test for test, claim in zip(tests, reference) if claim_matches(claim, test[1])]
+        killed: set = set()
+        for mutant in item.metadata.get("mutants", []):
+            alive = [test for test in kept if test not in killed]
+            if not alive:
+                break
+            claims = _claims(mutant, [call for call, _ in alive], entry)
+            killed |= {test for test, claim in zip(alive, claims) if not claim_matches(claim, test[1])}
+    except SandboxError as error:
+        return failed("error", f"sandbox failure: {error}")
+    return len(killed) / len(lines)
