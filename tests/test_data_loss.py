@@ -265,3 +265,39 @@ def test_a_read_only_run_directory_is_one_line_and_nothing_changes(three_steps, 
     assert _error_lines(output) == [f"marl: error: run directory {out} is not writable (Permission denied); make it "
                                     "writable (chmod u+w) or pass --out with a writable directory"]
     assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == snapshot
+
+
+# -- 4. a killed W&B run is continued, not replaced ------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_the_same_wandb_run(demo_model_dir, tmp_path, monkeypatch):
+    import wandb
+    from wandb_reader import find_run_logs, read_run
+
+    from trainers.checkpoint import latest_checkpoint
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    process = _marl(["run", "relay", *_settings("train.steps=400"), "--out", str(out), "--tracker", "wandb"])
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (latest_checkpoint(out, full=False) is None
+                                           or len(_steps(out / "metrics.jsonl")) < 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    stopped = int(latest_checkpoint(out).name.split("-")[1])
+    run_id = json.loads((out / "run.json").read_text())["wandb_run_id"]
+
+    assert main(["run", "relay", *_settings(f"train.steps={stopped + 1}"), "--out", str(out), "--tracker", "wandb",
+                 "--resume"]) == 0
+    wandb.teardown()  # waits for wandb-core to flush the offline log
+    state = json.loads((out / "run.json").read_text())
+    assert state["wandb_run_id"] == run_id and [start["step"] for start in state["starts"]] == [0, stopped]
+    logs = find_run_logs(out / "wandb")
+    assert len(logs) == 2 and all(log.name == f"run-{run_id}.wandb" for log in logs)  # one run id, two starts
+    killed, resumed = (read_run(log) for log in logs)
+    assert killed["exit_code"] is None  # SIGKILL: that process never finished its part
+    assert resumed["run"]["id"] == run_id and resumed["exit_code"] == 0
+    assert resumed["summary"]["resume/from_step"] == stopped
+    assert [row["train/step"] for row in resumed["history"] if "train/reward" in row] == [stopped + 1]
+    assert _steps(out / "metrics.jsonl") == list(range(1, stopped + 2))

@@ -103,9 +103,9 @@ def _artifact_info(artifact: Any) -> dict[str, Any]:
 
 
 def read_run(path: str | Path) -> dict[str, Any]:
-    """Return `{"run", "config", "history", "summary", "metrics", "artifacts"}` of one `.wandb` log."""
+    """Return `{"run", "config", "history", "summary", "metrics", "artifacts", "exit_code"}` of one `.wandb` log."""
     out: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}, "metrics": [],
-                           "artifacts": []}
+                           "artifacts": [], "exit_code": None}  # None: the run never finished (killed)
     for record in iter_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -122,7 +122,16 @@ def read_run(path: str | Path) -> dict[str, Any]:
             out["metrics"].append({"name": metric.name or metric.glob_name, "step_metric": metric.step_metric})
         elif kind == "artifact":
             out["artifacts"].append(_artifact_info(record.artifact))
+        elif kind == "exit":
+            out["exit_code"] = record.exit.exit_code
     return out
+
+
+def find_run_logs(wandb_dir: str | Path) -> list[Path]:
+    """Every `run-*.wandb` file under `wandb_dir`, oldest start first (each process that ran, or
+    resumed, a run writes its own `offline-run-<time>-<id>` directory)."""
+    logs = {path.resolve() for path in Path(wandb_dir).glob("**/*run-*/run-*.wandb")}
+    return sorted(logs, key=lambda path: path.parent.name)
 
 
 def find_run_log(wandb_dir: str | Path) -> Path:
