@@ -90,7 +90,7 @@ def load_shap():
     try:
         import shap
     except ImportError:
-        print("shap is not installed (pip install -e '.[bench]', which make test does): the shap columns are skipped.\n")
+        print("shap is not installed (pip install -e '.[bench]', as make test does): the shap columns are skipped.\n")
         return None
     warnings.filterwarnings("ignore")
     return shap
