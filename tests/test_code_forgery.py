@@ -178,3 +178,15 @@ def test_the_tester_earns_only_for_checks_that_catch_a_wrong_implementation(test
     task = next(t for t in env.tasks if t.metadata["entry"] == "add_numbers")
     item = Item(task.prompt, metadata=dict(task.metadata))
     assert tester_tests_valid(item, Candidate(tester)) == pytest.approx(score)
+
+
+def test_the_forging_coder_gets_no_reference_from_the_kernel_layers_alone():
+    from judges.code_harness import parse_channel
+    from judges.sandbox import run_python
+
+    program = build_program(FORGING_CODER, ["add_numbers(2, 3)", "reverse_string('ab')"], None)
+    result = run_python(program, timeout_s=5, cpu_s=5, channel=True, audit_hook=False)  # Landlock + seccomp only
+    report = parse_channel(result.channel, 2)
+    assert result.layers == ("landlock", "seccomp")
+    assert report.loaded and [claim.kind for claim in report.claims] == ["raise", "raise"]
+    assert [claim.text for claim in report.claims] == ["NameError", "NameError"]  # nothing was defined
