@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from judges.code import CodeTestsVerifier, parse_tests
+from judges.code import CodeTestsVerifier, parse_tests, values_match
 from judges.code_harness import build_program
 from judges.types import Candidate, Item
 from marl.env import make_env
@@ -190,3 +190,28 @@ def test_the_forging_coder_gets_no_reference_from_the_kernel_layers_alone():
     assert result.layers == ("landlock", "seccomp")
     assert report.loaded and [claim.kind for claim in report.claims] == ["raise", "raise"]
     assert [claim.text for claim in report.claims] == ["NameError", "NameError"]  # nothing was defined
+
+
+def test_every_known_wrong_implementation_is_wrong_where_the_tester_can_see_it_or_not():
+    env = make_env("code_pair")
+    lib = env.scenario.resolve("code_pair_lib:generate_tasks").__globals__
+
+    def outputs(source: str, calls: list[str]) -> list:
+        namespace: dict = {}
+        exec(source, namespace)  # trusted: the scenario's own reference and mutants
+        results = []
+        for call in calls:
+            try:
+                results.append(repr(eval(call, namespace)))
+            except Exception as error:
+                results.append(type(error).__name__)
+        return results
+
+    def same(got: list, want: list) -> bool:  # as the verifier compares (2 == 2.0, floats within 1e-9)
+        return all(values_match(g, w) for g, w in zip(got, want))
+
+    for entry, _, _, examples, hidden, solution in lib["FUNCTIONS"]:
+        visible_bug, hidden_bug = lib["MUTANTS"][entry]
+        assert not same(outputs(visible_bug, examples), outputs(solution, examples)), entry
+        assert same(outputs(hidden_bug, examples), outputs(solution, examples)), entry
+        assert not same(outputs(hidden_bug, hidden), outputs(solution, hidden)), entry
