@@ -211,7 +211,7 @@ def _entry_of(configured: str | None, item: Item) -> str | None:
 
 def _load_phrase(evaluation: Evaluation) -> str:
     name = evaluation.load_error
-    return "an exception of a class it defined" if name in ("", "?") else name
+    return {"": "no report", "?": "an exception of a class it defined"}.get(name, name)
 
 
 class CodeTestsVerifier(RuleVerifier):
@@ -288,7 +288,7 @@ class CodeTestsVerifier(RuleVerifier):
             if case.kind == "value":
                 results.append({"index": index, "passed": harness.claim_matches(claims[0], case.expected),
                                 "returned": shown})
-            elif all(claim.kind == "value" for claim in claims):
+            elif all(claim.kind == "value" and is_literal(claim.text) for claim in claims):
                 batch.append((index, case.check, claims))
                 results.append({"index": index, "passed": False, "returned": shown})
             else:

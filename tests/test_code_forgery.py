@@ -215,3 +215,11 @@ def test_every_known_wrong_implementation_is_wrong_where_the_tester_can_see_it_o
         assert not same(outputs(visible_bug, examples), outputs(solution, examples)), entry
         assert same(outputs(hidden_bug, examples), outputs(solution, examples)), entry
         assert not same(outputs(hidden_bug, hidden), outputs(solution, hidden)), entry
+
+
+def test_malformed_claims_and_a_closed_channel_score_zero_with_a_fixed_reason():
+    garbage = "import os\nos.write(3, b'loaded\\n0 value 1\\n1 value [[\\n2 value xyz(\\n3 text 0\\ndone\\n')\nos._exit(0)\n"
+    judgment = _grade(garbage)
+    assert judgment.ok and judgment.score == 0.0 and judgment.rationale == "0/4 hidden tests passed"
+    closed = _grade("import os\nos.close(3)\ndef add(a, b):\n    return a + b")
+    assert closed.ok and closed.score == 0.0 and closed.rationale == "the code failed to load (no report)"
