@@ -114,6 +114,8 @@ def test_replacing_builtins_the_harness_uses_changes_nothing():
         builtins.eval = lambda *a, **k: 5
         builtins.compile = lambda *a, **k: None
         builtins.BaseException = int
+        import os
+        os.write = lambda fd, data: len(data)
     """)
     assert _grade(patch + "def add(a, b):\n    return -42").score == 0.0  # fails all four honestly
     assert _grade(patch + "def add(a, b):\n    return a + b").score == 1.0  # the harness still works
