@@ -174,6 +174,23 @@ def load_policy(path: str | Path):
     return model.eval(), tokenizer
 
 
+class CacheDirError(FileNotFoundError):
+    """The tiny-model cache folder cannot be used (a file is in the way, or it cannot be created)."""
+
+
+def _check_cache_folder(folder: Path) -> None:
+    """Create `folder`, or CacheDirError naming what is in the way and how to choose another one."""
+    how = "pass --cache-dir FOLDER or set MARL_CACHE (default ~/.cache/marl)"
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise CacheDirError(f"tiny-model cache {folder.parent}: {blocker} is a file, not a folder; {how}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CacheDirError(f"tiny-model cache {folder.parent}: cannot create {folder}: "
+                            f"{error.strerror or error}; {how}") from None
+
+
 def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[tuple[str, str]],
                              probe_accuracy: Callable[[object, object], float] | None = None,
                              cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Path:
@@ -186,6 +203,7 @@ def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[tupl
     if (target / "marl_build.json").exists():
         log(f"tiny model: cached at {target}")
         return target
+    _check_cache_folder(target.parent)  # before the build (a minute), not at its end
     log(f"tiny model: building {target.name} (first run only, about a minute)")
     tokenizer = build_char_tokenizer(recipe.alphabet)
     model = init_tiny_model(recipe, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
