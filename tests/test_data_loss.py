@@ -35,6 +35,11 @@ def _steps(source: Path | str) -> list[int]:
     return [json.loads(line)["train/step"] for line in text.splitlines() if line.strip()]
 
 
+def _complete_lines(path: Path) -> int:
+    """Lines a running process has finished writing (0 before the file exists)."""
+    return path.read_text().count("\n") if path.exists() else 0
+
+
 def _marl(args: list[str], limit: int | None = None, drop_capabilities: bool = False, **popen):
     """`python -m trainers.cli ARGS` in a subprocess; `limit` is its RLIMIT_FSIZE (`ulimit -f`) in bytes."""
     def before_exec():
@@ -114,7 +119,8 @@ def test_truncation_under_the_file_size_limit_loses_no_row(tmp_path):
     assert result.stdout.splitlines() == [
         f"failed: [Errno 27] File too large: '{tmp_path / 'metrics.jsonl'}'",
         f"failed: [Errno 27] File too large: '{tmp_path / 'tables' / 'samples.jsonl'}'"], result.stderr
-    assert (tmp_path / "metrics.jsonl").read_text() == rows and (tmp_path / "tables" / "samples.jsonl").read_text() == table
+    assert (tmp_path / "metrics.jsonl").read_text() == rows
+    assert (tmp_path / "tables" / "samples.jsonl").read_text() == table
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["metrics.jsonl", "samples.jsonl", "tables"]  # no temp files
 
     from trainers.report import truncate_metrics, truncate_tables
@@ -192,14 +198,15 @@ def test_a_run_killed_before_its_first_checkpoint_is_never_appended_to(demo_mode
             "--tracker", "none"]
     process = _marl(args)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (out / "metrics.jsonl").exists() or len(_steps(out / "metrics.jsonl")) < 2:
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline and _complete_lines(metrics) < 2:
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
-    logged = _steps(out / "metrics.jsonl")
-    assert not (out / "checkpoints").exists() and len(logged) >= 2
+    logged = metrics.read_bytes()  # may end in a line the kill cut short
+    assert not (out / "checkpoints").exists() and _complete_lines(metrics) >= 2
     code = main(["run", "relay", *_settings("train.steps=2"), "--out", str(out), "--tracker", "none"])
-    assert code == 2 and _steps(out / "metrics.jsonl") == logged
+    assert code == 2 and metrics.read_bytes() == logged  # refused: nothing appended
     assert main(["run", "relay", *_settings("train.steps=2"), "--out", str(out), "--tracker", "none",
                  "--resume"]) == 0
     assert _steps(out / "metrics.jsonl") == [1, 2]
@@ -281,7 +288,7 @@ def test_a_killed_run_resumes_the_same_wandb_run(demo_model_dir, tmp_path, monke
     process = _marl(["run", "relay", *_settings("train.steps=400"), "--out", str(out), "--tracker", "wandb"])
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (latest_checkpoint(out, full=False) is None
-                                           or len(_steps(out / "metrics.jsonl")) < 3):
+                                           or _complete_lines(out / "metrics.jsonl") < 3):
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)

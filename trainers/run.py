@@ -131,8 +131,10 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    from trainers.rundir import write_failure
+    from trainers.rundir import ensure_writable, write_failure
 
+    if options.out and Path(options.out).is_dir():
+        ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
     scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
     out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
