@@ -236,3 +236,28 @@ def test_report_needs_metrics(tmp_path: Path) -> None:
 def test_rolling_mean() -> None:
     assert rolling_mean([1.0, 3.0, 5.0], window=2) == [1.0, 2.0, 4.0]
     assert all(math.isclose(a, b) for a, b in zip(rolling_mean([2.0] * 7), [2.0] * 7))
+
+
+def test_a_run_id_continues_the_same_wandb_run_and_marks_the_resume(wandb_offline: None, tmp_path: Path) -> None:
+    import wandb
+    from wandb_reader import find_run_logs, read_run
+
+    from trainers.rundir import wandb_run_id
+
+    run_dir = tmp_path / "run"
+    run_id = wandb_run_id(run_dir, 0)
+    first = make_tracker("wandb", run_dir, project="marl-test", name="unit", run_id=run_id)
+    first.log({"train/step": 1, "train/reward": 0.5})
+    first.finish(exit_code=1)  # an interrupted part
+    assert wandb_run_id(run_dir, 1) == run_id
+    second = make_tracker("wandb", run_dir, project="marl-test", name="unit", run_id=run_id, resumed_at=1)
+    second.log({"train/step": 2, "train/reward": 1.0})
+    second.finish()
+    wandb.teardown()
+    parts = [read_run(log) for log in find_run_logs(run_dir)]
+    assert [part["run"]["id"] for part in parts] == [run_id, run_id]
+    assert [part["exit_code"] for part in parts] == [1, 0]
+    assert [[row["train/step"] for row in part["history"]] for part in parts] == [[1], [2]]
+    assert "resume/from_step" not in parts[0]["summary"] and parts[1]["summary"]["resume/from_step"] == 1
+    state = json.loads((run_dir / "run.json").read_text())
+    assert [start["step"] for start in state["starts"]] == [0, 1]

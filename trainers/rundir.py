@@ -91,6 +91,7 @@ def wandb_run_id(out: Path, step: int) -> str:
     from trainers.atomic import write_text_atomically
 
     path = Path(out) / STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     state = _read_state(path)
     state.setdefault("wandb_run_id", secrets.token_hex(4))
     state.setdefault("starts", []).append({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
