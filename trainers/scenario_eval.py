@@ -238,8 +238,10 @@ def write_eval_report(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "eval.json", out / "eval.md"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path.write_text(eval_markdown(result))
+    from trainers.atomic import write_text_atomically  # a second eval replaces the files, never cuts them
+
+    write_text_atomically(json_path, json.dumps(result, indent=2) + "\n")
+    write_text_atomically(md_path, eval_markdown(result))
     return json_path, md_path
 
 
