@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from judges.strict_json import all_finite, plain, write_text_atomically
 from judges.stats_inference import brier_score, expected_calibration_error, logistic_fit, logit, sigmoid
 
 FORMAT_VERSION = 1
@@ -67,41 +68,6 @@ def data_fingerprint(*arrays: Any) -> str:
             digest.update("\x1f".join(map(str, data.ravel().tolist())).encode())
         digest.update(b"\x1e")
     return digest.hexdigest()
-
-
-def _all_finite(value: Any) -> bool:
-    """Whether every number inside `value` (nested dicts and lists) is finite."""
-    if isinstance(value, dict):
-        return all(_all_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return all(_all_finite(v) for v in value)
-    return not isinstance(value, float) or bool(np.isfinite(value))
-
-
-def _finite_or_none(value: Any) -> Any:
-    """`value` with every non-finite float replaced by None."""
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(v) for v in value]
-    return None if isinstance(value, float) and not np.isfinite(value) else value
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """`text` into a synced temporary sibling of `path`, renamed into place (never a torn file)."""
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Calibrator:
@@ -183,12 +149,12 @@ class Calibrator:
         """
         data = self.to_json()
         for name in UNCERTAINTY_PARAMS & set(data["params"]):  # an infinite stderr (separated data) is unknown
-            data["params"][name] = _finite_or_none(data["params"][name])
-        if not _all_finite(data["params"]):
+            data["params"][name] = plain(data["params"][name])
+        if not all_finite(data["params"]):
             raise ValueError(f"{type(self).__name__} has non-finite parameters {data['params']!r} (a fit that "
                              "diverged); it was not written")
-        data["diagnostics"] = _finite_or_none(data["diagnostics"])
-        _write_atomically(Path(path), json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
+        data["diagnostics"] = plain(data["diagnostics"])
+        write_text_atomically(path, json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
 
     @classmethod
     def load(cls, path: str | Path) -> Calibrator:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from judges.probes import PROBE_KINDS, Probe, build_probes
+from judges.strict_json import plain
 from judges.types import Candidate, Item
 
 THRESHOLDS = {  # quantity: (pass if |x| <= first, warn if <= second, else fail)
@@ -238,20 +239,7 @@ def strict_report(report: dict) -> dict:
     """The report as strict JSON data: numpy scalars and arrays as plain numbers and lists, every NaN or
     infinity as None, each listed in `null_values` ("position.flip_rate": "nan: not a finite number")."""
     nulls: dict[str, str] = dict(report.get("null_values", {}))
-
-    def plain(value, path: str):
-        if isinstance(value, dict):
-            return {str(k): plain(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-        if isinstance(value, list | tuple | np.ndarray):
-            return [plain(v, f"{path}[{i}]") for i, v in enumerate(list(value))]
-        if isinstance(value, np.generic):
-            value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
-            nulls[path] = f"{value!r}: not a finite number, written as null"
-            return None
-        return value
-
-    cleaned = plain({k: v for k, v in report.items() if k != "null_values"}, "")
+    cleaned = plain({k: v for k, v in report.items() if k != "null_values"}, nulls)
     cleaned["null_values"] = nulls
     return cleaned
 

@@ -132,24 +132,9 @@ def _open_cache(path: str):
 
 def write_json_atomically(path: str | Path, data) -> None:
     """Strict JSON (allow_nan=False) through a synced temporary sibling and an atomic rename."""
-    _write_atomically(path, json.dumps(data, indent=2, allow_nan=False, default=_plain) + "\n")
+    from judges.strict_json import write_text_atomically
 
-
-def _write_atomically(path: str | Path, text: str) -> None:
-    """Write `text` to a synced temporary sibling of `path`, then rename it into place."""
-    import tempfile
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, json.dumps(data, indent=2, allow_nan=False, default=_plain) + "\n")
 
 
 def build_judge(args, items):
@@ -207,7 +192,9 @@ def report_command(args) -> int:
                                                judge_name=args.judge_name or args.model))
         write_json_atomically(args.out, report)
         if args.markdown:
-            _write_atomically(args.markdown, report_markdown(report))
+            from judges.strict_json import write_text_atomically
+
+            write_text_atomically(args.markdown, report_markdown(report))
     except JudgeCliError as error:
         print(f"marl: error: {error}", file=sys.stderr)
         return 2
