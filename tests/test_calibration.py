@@ -267,3 +267,29 @@ def test_style_debiaser_keeps_the_gold_slope():
     assert own.judge_coef[0] == pytest.approx(0.6, abs=0.03) and 0.0 < own.excess[0] < 0.2
     with pytest.raises(ValueError, match="without groups"):
         own.apply(judge, log_len[:, None], judge_id=JUDGE, groups=np.zeros(n))
+
+
+def test_saved_calibrators_are_strict_json_and_a_diverged_fit_is_not_written(tmp_path):
+    import math
+    import warnings
+
+    scores = np.linspace(0.05, 0.95, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # separated labels: the stderr is unbounded
+        platt = PlattCalibrator().fit(scores, (scores > 0.5).astype(float), judge_id="j")
+    platt.stderr = [math.inf, math.nan]
+    path = tmp_path / "cal.json"
+    platt.save(path)
+
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    saved = json.loads(path.read_text(), parse_constant=refuse)
+    assert saved["params"]["stderr"] == [None, None]
+    loaded = Calibrator.load(path)
+    assert all(math.isnan(s) for s in loaded.stderr)
+    assert np.allclose(loaded.apply(scores, judge_id="j"), platt.apply(scores, judge_id="j"))
+    platt.slope = math.inf
+    with pytest.raises(ValueError, match=r"non-finite parameters .* it was not written"):
+        platt.save(tmp_path / "diverged.json")
+    assert not (tmp_path / "diverged.json").exists() and [p.name for p in tmp_path.iterdir()] == ["cal.json"]
