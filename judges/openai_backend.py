@@ -127,7 +127,8 @@ def capped_http_client(openai_module: Any, max_bytes: int) -> Any:
 
     class CappedTransport(httpx.AsyncBaseTransport):
         def __init__(self):
-            self.inner = httpx.AsyncHTTPTransport()
+            limits = getattr(openai_module, "DEFAULT_CONNECTION_LIMITS", None)  # the SDK's pool, not httpx's
+            self.inner = httpx.AsyncHTTPTransport(limits=limits) if limits is not None else httpx.AsyncHTTPTransport()
 
         async def handle_async_request(self, request):
             response = await self.inner.handle_async_request(request)
