@@ -172,3 +172,15 @@ def test_a_judge_that_never_answers_grades_nothing_and_exits_1(items, tmp_path):
     assert set(report["verdicts"].values()) == {"not estimated"} and report["n_failed"] > 0
     assert report["not_estimated"]["master_key.fpr"] == "no decided judgment (every call failed or was unparseable)"
     assert report["not_estimated"]["position.log_odds"] == "not estimated: no pair has a verdict in both orders"
+
+
+def test_a_nan_first_answer_fails_its_pair_only_not_the_command(items, tmp_path):
+    out = tmp_path / "r.json"
+    nan_answer = ("ok", "[[A]]", [("A", {"A": float("nan"), "B": -2.0})])
+    with JudgeServer([nan_answer], default=("ok", "[[A]]", [("A", {"A": -0.1, "B": -2.5})])) as server:
+        result = _marl("report", "--base-url", server.url, "--model", "m", "--items", str(items), "--out", str(out),
+                       "--per-kind", "5", "--cache", str(tmp_path / "c.sqlite"), "--concurrency", "1")
+    assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
+    report = json.loads(out.read_text())
+    assert report["n_failed"] == 0  # the preflight pair failed; asked again in the report, it was answered
+    assert report["n_calls"] > 0 and result.stdout.startswith(f"wrote {out}")

@@ -173,7 +173,8 @@ def _preflight(judge, item) -> None:
 
     second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
     pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
-    if pair.p_a is None and pair.status in ("api_error", "timeout"):
+    answered = pair.rationale.startswith(("invalid response:", "response too large:"))  # reachable: one bad answer
+    if pair.p_a is None and pair.status in ("api_error", "timeout") and not answered:
         raise JudgeCliError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
 
 
