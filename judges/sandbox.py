@@ -52,6 +52,8 @@ BLOCKED_EXIT = child.BLOCKED_EXIT
 CHANNEL_FD = child.CHANNEL_FD
 KERNEL_BLOCK = "a system call refused by the kernel (seccomp)"
 UNCONFINED_ENV = "MARL_SANDBOX_ALLOW_UNCONFINED"
+DISK_BLOCK = "filling the disk"
+DISK_BUDGET_BYTES = 1 << 30  # the audit hook's budget is WRITE_OPENS x FILE_LIMIT_BYTES = 256 MiB
 _CONTROL_LIMIT = 4096
 FILE_LIMIT_BYTES = 8 * 2**20
 WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
@@ -245,7 +247,31 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None):
+class _DiskWatch:
+    """Watches the free space of the run directory's file system: native code can make files without
+    the audit hook's write budget, so a run that takes more than DISK_BUDGET_BYTES is stopped."""
+
+    def __init__(self, workdir: str):
+        self.workdir, self.exceeded = workdir, False
+        self.start = self._free()
+
+    def _free(self) -> int | None:
+        try:
+            stats = os.statvfs(self.workdir)
+        except OSError:
+            return None
+        return stats.f_bavail * stats.f_frsize
+
+    def check(self) -> bool:
+        """True (once) when the run has used more than its budget."""
+        free = self._free()
+        if not self.exceeded and self.start is not None and free is not None:
+            self.exceeded = self.start - free > DISK_BUDGET_BYTES
+            return self.exceeded
+        return False
+
+
+def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch):
     """Drain output until the child exits or the deadline passes; returns (timed_out, rusage)."""
     deadline = time.monotonic() + timeout_s
     timed_out, exited_at, give_up = False, None, None
@@ -253,6 +279,9 @@ def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid:
         now = time.monotonic()
         if not timed_out and now >= deadline:
             timed_out, give_up = True, now + 5.0
+            _kill(proc.pid, uid)
+        if exited_at is None and disk.check():
+            give_up = now + 5.0
             _kill(proc.pid, uid)
         if capture.open:
             capture.pump(min(0.05, max(deadline - now, 0.0)) if not timed_out else 0.05)
@@ -334,13 +363,16 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
         proc = _launch(argv, workdir, stdin, pipes.child_ends())
         pipes.close_child_ends()
         capture = _Capture(proc, output_limit, pipes.control_r, pipes.channel_r)
-        timed_out, usage = _supervise(proc, capture, timeout_s, uid)
+        disk = _DiskWatch(workdir)
+        timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk)
         cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
         layers, blocked, unconfined = _control_report(capture.text("control"))
         if unconfined and proc.returncode == child.UNCONFINED_EXIT:
             _refuse_unconfined({"kernel": unconfined})
         stderr = capture.text("stderr")
         status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, blocked)
+        if disk.exceeded:
+            status, blocked = "blocked", DISK_BLOCK
         return SandboxResult(status, proc.returncode, capture.text("stdout"), stderr, capture.truncated,
                              time.monotonic() - started, blocked, layers, bytes(capture.data.get("channel", b"")))
     finally:
@@ -424,10 +456,16 @@ def _cleanup(proc: subprocess.Popen | None, capture: _Capture | None, uid: int |
         capture.selector.close()
     if uid is not None:
         _kill(None, uid)
-    shutil.rmtree(workdir, ignore_errors=True)
-    if os.path.exists(workdir):  # not root: the code may have removed permissions inside its directory
-        for folder, dirs, _ in os.walk(workdir):
-            for name in dirs:
-                with contextlib.suppress(OSError):
-                    os.chmod(os.path.join(folder, name), 0o700)
+    _remove_tree(workdir)
+
+
+def _remove_tree(workdir: str) -> None:
+    """Deletes the run's directory, however deep or locked the code left it: shutil.rmtree recurses
+    (a tree thousands deep raises RecursionError), so chmod and rm, which walk it iteratively, finish."""
+    with contextlib.suppress(RecursionError):
         shutil.rmtree(workdir, ignore_errors=True)
+    if os.path.lexists(workdir):  # too deep, or (not root) permissions removed inside
+        for command in (["chmod", "-R", "u+rwx", "--", workdir], ["rm", "-rf", "--", workdir]):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(command, capture_output=True, timeout=120)
+

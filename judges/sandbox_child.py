@@ -29,7 +29,9 @@ BLOCKED_EXIT = 86
 UNCONFINED_EXIT = 87
 KILL_EXACT = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "os.startfile",
               "os.kill", "os.killpg", "subprocess.Popen", "pty.spawn", "os.link", "os.symlink", "os.chdir",
-              "signal.pthread_kill", "_posixsubprocess.fork_exec", "os.add_dll_directory", "webbrowser.open")
+              "signal.pthread_kill", "_posixsubprocess.fork_exec", "os.add_dll_directory", "webbrowser.open",
+              # a loaded extension is native code of the candidate's own: no Python-level layer past it
+              "sqlite3.enable_load_extension", "sqlite3.load_extension")
 KILL_PREFIX = ("socket.", "ctypes.", "syslog.", "winreg.", "_winapi.")
 # event -> indices of its path arguments (checked to lie inside the run's directory).
 PATH_EVENTS = {"os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1), "os.chmod": (0,),

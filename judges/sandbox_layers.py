@@ -12,6 +12,7 @@ import errno
 import functools
 import os
 import sys
+import sysconfig
 import tempfile
 
 # System calls that end the process (SIGSYS). A deny list: the interpreter needs hundreds of harmless
@@ -34,6 +35,13 @@ KILLED_SYSCALLS = (
     "syslog", "iopl", "ioperm", "vhangup", "personality", "lookup_dcookie",
     # file handles bypass path checks (open_by_handle_at is the classic container escape); devices
     "open_by_handle_at", "name_to_handle_at", "mknod", "mknodat", "memfd_create", "memfd_secret",
+    # System V IPC outlives the process (memory beyond RLIMIT_AS, a channel between runs); POSIX
+    # message queues; file-system watches (what the trainer reads, and when)
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    # reserving disk without writing it (instant, unlike write(), which the parent's watch can outpace)
+    "fallocate",
     # identities
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups",
     "capset",
@@ -118,8 +126,12 @@ def landlock_masks(abi: int) -> dict[str, int]:
 @functools.lru_cache(maxsize=1)
 def library_paths() -> tuple[str, ...]:
     """Where the shared libraries of native standard modules live (read, never listed), and devices."""
-    paths = ["/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib", os.path.join(sys.base_prefix, "lib"),
-             "/etc/ld.so.cache", "/usr/share/zoneinfo", "/dev/urandom", "/dev/zero"]
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    # Only the directories of shared libraries, not all of /usr/lib (whose python3/dist-packages, and
+    # files such as os-release, are none of the code's business).
+    paths = [f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/lib64", "/usr/lib64", "/usr/local/lib",
+             os.path.join(sys.base_prefix, "lib"), "/etc/ld.so.cache", "/usr/share/zoneinfo", "/dev/urandom",
+             "/dev/zero"]
     return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.exists(p)))
 
 

@@ -47,6 +47,12 @@ def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir
 
     again = _marl("demo", "--out", str(out), "--steps", "2")
     assert again.returncode == 2 and "--resume" in again.stderr  # nothing already written is lost
+    metrics = (out / "metrics.jsonl").read_bytes()
+    changed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "grpo.lr=0.5",
+                    "--tracker", "jsonl")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1 and "different config" in changed.stderr
+    assert (out / "metrics.jsonl").read_bytes() == metrics
 
     resumed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--tracker", "jsonl")
     assert resumed.returncode == 0, resumed.stderr

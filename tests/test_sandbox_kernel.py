@@ -57,6 +57,12 @@ PROCESS_CREATION = {
     "unshare": "import ctypes\nctypes.CDLL(None).unshare(0x10000000)",
     "ptrace": "import ctypes\nctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0)".replace("os.", "__import__('os')."),
     "memfd": "import os\nos.memfd_create('x')",
+    # found by red-teaming: System V IPC outlives the run, inotify watches the trainer's files
+    "shmget": "import ctypes\nprint(ctypes.CDLL(None).shmget(0, 1 << 20, 0o1600))",
+    "msgget": "import ctypes\nprint(ctypes.CDLL(None).msgget(0, 0o1600))",
+    "semget": "import ctypes\nprint(ctypes.CDLL(None).semget(0, 1, 0o1600))",
+    "inotify": "import ctypes\nprint(ctypes.CDLL(None).inotify_init())",
+    "fallocate": "import os\nfd = os.open('big', os.O_WRONLY | os.O_CREAT)\nos.posix_fallocate(fd, 0, 1 << 20)",
 }
 
 
@@ -84,6 +90,7 @@ FILE_ESCAPES = {
     "sqlite3 outside": "import sqlite3\nsqlite3.connect('{out}/written').execute('create table t (a)')",
     "sqlite3 read the project": f"import sqlite3\nprint(sqlite3.connect('file:{PROJECT}/scenarios/text_to_sql.sqlite?"
                                 "mode=ro', uri=True).execute('select * from sqlite_master').fetchall())",
+    "read /usr/lib beyond its shared libraries": "print(open('/usr/lib/os-release').read())",
     "ctypes open()": "import ctypes\nprint(ctypes.CDLL(None).open(b'{out}/secret.txt', 0))\nraise SystemExit(3)",
 }
 
@@ -219,3 +226,45 @@ def test_the_kernel_layers_hold_for_an_unprivileged_user_too(outside):
     assert [line.strip() for line in done.stdout.splitlines()] == ["blocked True", "error True", "blocked True",
                                                                   "ok True fine"], done.stderr
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+@needs_kernel
+def test_sqlite3_extensions_cannot_be_loaded():
+    """A loaded extension is the candidate's own native code, past the audit hook (found by red-teaming)."""
+    result = run_python("import sqlite3\nsqlite3.connect(':memory:').enable_load_extension(True)")
+    assert (result.status, result.blocked) == ("blocked", "sqlite3.enable_load_extension") or (
+        "enable_load_extension" in result.stderr and "AttributeError" in result.stderr), result.stderr
+
+
+@needs_kernel
+def test_a_tree_thousands_deep_is_still_deleted(contained):
+    """shutil.rmtree recurses, so a 3000-deep tree made it raise RecursionError and leave the directory."""
+    result = kernel_only("""
+        import os
+        fd = os.open('.', os.O_RDONLY)
+        for _ in range(3000):
+            os.mkdir('d', dir_fd=fd)
+            inner = os.open('d', os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        print('deep')
+    """)
+    assert result.status == "ok" and result.stdout.strip() == "deep"
+    assert [path for path in contained if os.path.lexists(path)] == []
+
+
+@needs_kernel
+def test_a_run_that_fills_the_disk_is_stopped():
+    """Native code writes without the audit hook's budget: the parent stops a run past DISK_BUDGET_BYTES."""
+    per_file = sandbox.FILE_LIMIT_BYTES - 1
+    files = sandbox.DISK_BUDGET_BYTES // per_file + 20
+    result = run_python(textwrap.dedent(f"""
+        import os
+        block = b'x' * {per_file}
+        for i in range({files}):
+            fd = os.open(f'f{{i}}', os.O_WRONLY | os.O_CREAT)
+            os.write(fd, block)
+            os.close(fd)
+        print('wrote everything')
+    """), audit_hook=False, timeout_s=60)
+    assert (result.status, result.blocked) == ("blocked", sandbox.DISK_BLOCK) and "everything" not in result.stdout

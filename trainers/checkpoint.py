@@ -87,7 +87,8 @@ def checkpoint_on_interrupt(trainer, run_dir: str | Path, log: Callable[[str], N
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the previous complete one is untouched."""
+    """A checkpoint could not be written (the previous complete one is untouched), or cannot be resumed
+    from (damaged, or made with other settings)."""
 
 
 def _first_line(error: BaseException) -> str:
@@ -186,7 +187,7 @@ def load_checkpoint(trainer, checkpoint: str | Path) -> None:
     changed = {k for k in saved if k not in ("steps", "threads") and saved.get(k) != current.get(k)}
     if changed:
         details = ", ".join(f"{k}: {saved[k]!r} -> {current.get(k)!r}" for k in sorted(changed))
-        raise ValueError(f"checkpoint {checkpoint} was made with a different config ({details}); "
+        raise CheckpointError(f"checkpoint {checkpoint} was made with a different config ({details}); "
                          "resume with the same settings or start a new run directory")
     trainer.load_state_dict(state)
 
