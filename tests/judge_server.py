@@ -245,3 +245,18 @@ def _make_handler(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (a timeout); nothing to answer
 
     return Handler
+
+
+def write_judged_relay(scenarios, url: str, tmp_path):
+    """relay.yaml with a process reward from an openai judge at `url` (main stage only), written into
+    tmp_path; returns its path."""
+    import yaml
+
+    spec = yaml.safe_load((scenarios / "relay.yaml").read_text())
+    spec["judges"] = [{"name": "critic", "backend": "openai", "model": "judge", "base_url": url,
+                       "api_key_env": "NO_SUCH_KEY", "timeout_s": 5}]
+    spec["rewards"]["process"] = [{"kind": "critic"}]
+    spec["train"]["stages"] = ["main"]
+    path = tmp_path / "judged_relay.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path

@@ -12,23 +12,8 @@ import time
 import pytest
 
 from marl.env import make_env
+from test_scenario_schema import GOOD  # one minimal sound scenario for both files
 
-GOOD = """\
-name: tiny
-agents:
-  - name: a
-  - name: b
-graph:
-  edges: [[a, b]]
-  order: topological
-tasks:
-  inline:
-    - prompt: "1+1="
-      answer: "2"
-rewards:
-  outcome:
-    - kind: exact
-"""
 GENERATED = GOOD.replace('  inline:\n    - prompt: "1+1="\n      answer: "2"\n', "  generator: gen_lib:{name}\n"
                                                                             "  timeout_s: 1\n")
 GENERATORS = """\

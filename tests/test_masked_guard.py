@@ -74,8 +74,7 @@ def test_the_limit_is_validated_where_it_is_set(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_judge_that_always_fails_stops_the_run_with_its_data_intact(demo_model_dir, tmp_path, capsys):
-    import yaml
-    from judge_server import JudgeServer
+    from judge_server import JudgeServer, write_judged_relay
     from trainers.cli import main
 
     scenarios = Path(__file__).parents[1] / "scenarios"
@@ -84,13 +83,7 @@ def test_a_judge_that_always_fails_stops_the_run_with_its_data_intact(demo_model
                 "train.warmup.rl_steps=0", "train.checkpoint_every=1", "train.steps=3"]
     args = [x for item in settings for x in ("--set", item)]
     with JudgeServer(default=("status", 400, {}, "judge endpoint refuses everything")) as server:
-        spec = yaml.safe_load((scenarios / "relay.yaml").read_text())
-        spec["judges"] = [{"name": "critic", "backend": "openai", "model": "judge", "base_url": server.url,
-                           "api_key_env": "NO_SUCH_KEY", "timeout_s": 5}]
-        spec["rewards"]["process"] = [{"kind": "critic"}]
-        spec["train"]["stages"] = ["main"]
-        path = tmp_path / "judged_relay.yaml"
-        path.write_text(yaml.safe_dump(spec))
+        path = write_judged_relay(scenarios, server.url, tmp_path)
         out = tmp_path / "run"
         code = main(["run", str(path), *args, "--out", str(out), "--tracker", "none"])
         captured = capsys.readouterr()

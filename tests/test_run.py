@@ -200,8 +200,7 @@ def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_di
     import itertools
     import shutil
 
-    import yaml
-    from judge_server import JudgeServer
+    from judge_server import JudgeServer, write_judged_relay
 
     scenarios = Path(__file__).parents[1] / "scenarios"
     shutil.copy(scenarios / "relay_lib.py", tmp_path / "relay_lib.py")
@@ -212,13 +211,7 @@ def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_di
         return ("ok", "Rating: [[8]]") if n < 8 or n % 2 else ("status", 400)
 
     with JudgeServer(default=flaky) as server:
-        spec = yaml.safe_load((scenarios / "relay.yaml").read_text())
-        spec["judges"] = [{"name": "critic", "backend": "openai", "model": "judge", "base_url": server.url,
-                           "api_key_env": "NO_SUCH_KEY", "timeout_s": 5}]
-        spec["rewards"]["process"] = [{"kind": "critic"}]
-        spec["train"]["stages"] = ["main"]
-        path = tmp_path / "judged_relay.yaml"
-        path.write_text(yaml.safe_dump(spec))
+        path = write_judged_relay(scenarios, server.url, tmp_path)
         out = tmp_path / "run"
         # every other judge call fails, so the credit replays lose most rewards: allow it (the stop has its own test)
         assert main(["run", str(path), *_settings("train.steps=2", "train.max_masked_fraction=1"), "--out", str(out),

@@ -18,7 +18,7 @@ import judges.sandbox as sandbox
 from judges.code import CodeTestsVerifier, extract_code, parse_tests, values_match
 from judges.sandbox import isolation, run_python
 from judges.types import Candidate, Item
-from sandbox_checks import contained, descendants, process_table  # noqa: F401 (autouse fixture)
+from sandbox_checks import contained  # noqa: F401 (an autouse fixture)
 
 
 def test_ordinary_code_runs_with_stdin_files_and_the_standard_library():
