@@ -301,4 +301,4 @@ class CodeTestsVerifier(RuleVerifier):
         count = sum(result["passed"] for result in results)
         score = float(count == len(cases)) if self.require_all else count / len(cases)
         return passed(score, f"{count}/{len(cases)} hidden tests passed", passed_tests=count, total=len(cases),
-                      results=results)
+                      results=results, sandbox_layers=list(evaluation.layers))

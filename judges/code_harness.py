@@ -149,6 +149,7 @@ class Evaluation:
     claims: list[Claim] = field(default_factory=list)
     blocked: str = ""
     stderr: str = ""
+    layers: tuple[str, ...] = ()  # the sandbox layers that were active in the run
 
 
 def exception_name(text: str) -> str:
@@ -196,7 +197,7 @@ def evaluate(code: str, expressions: list[str], *, entry: str | None = None, tim
     report = parse_channel(result.channel, len(expressions))
     if result.status != "ok" and report.status == "ok":
         report.status = result.status  # the records so far stay (a later expression hung or crashed)
-    report.blocked, report.stderr = result.blocked, result.stderr[-2000:]
+    report.blocked, report.stderr, report.layers = result.blocked, result.stderr[-2000:], result.layers
     return report
 
 
