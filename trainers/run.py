@@ -155,6 +155,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
+    if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
+        from judges.sandbox import describe
+        log(describe())  # which barriers contain the model's code on this machine
     plan = stage_plan(train)
     eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
     if resumed is not None:
