@@ -29,9 +29,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(PY) bench/self_bleu.py
-	$(PY) bench/grpo_vs_trl.py
+bench: $(STAMP)  # every benchmark in full (make test runs their --quick modes)
+	set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
