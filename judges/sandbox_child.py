@@ -212,7 +212,10 @@ def _seccomp(program, ctypes, libc, os):
 
 
 def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
-    """The Python-level layer: refuses audited actions with a precise reason, and hides frames."""
+    """The Python-level layer: refuses audited actions with a precise reason, and hides frames.
+
+    One function of closures on purpose: the hook may use only names bound here before the candidate
+    runs, never module globals or builtins that the candidate could replace."""
     readable = tuple(p.rstrip("/") + "/" for p in sys.path if p.startswith("/")) + ("/usr/share/zoneinfo/",)
     files = ("/dev/null", "/dev/urandom", "/dev/zero")
     soft = ("sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
