@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from marl.types import Task
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.grpo import GRPOConfig, GRPOTrainer
 
 CONFIG = dict(prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-3, beta=0.04, buckets=2, seed=7,
@@ -70,7 +70,7 @@ def test_resuming_with_another_config_is_refused(micro_policy, tmp_path):
     trainer.step()
     save_checkpoint(trainer, tmp_path)
     other = _trainer(micro_policy, lr=5e-4)
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(CheckpointError, match="different config.*lr"):
         load_checkpoint(other, latest_checkpoint(tmp_path))
     longer = _trainer(micro_policy, steps=10)  # more steps is a continuation, not a different run
     load_checkpoint(longer, latest_checkpoint(tmp_path))
@@ -142,7 +142,7 @@ def test_a_changed_byte_is_caught_by_the_checksum(micro_policy, tmp_path):
 
 
 def test_no_intact_checkpoint_is_refused_with_advice(micro_policy, tmp_path):
-    from trainers.checkpoint import CheckpointError, resume_checkpoint
+    from trainers.checkpoint import resume_checkpoint
 
     _two_checkpoints(micro_policy, tmp_path)
     for name in ("step-000001", "step-000002"):
