@@ -403,8 +403,12 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     for path, reference, resolve in references:
         if reference is None:
             continue
-        try:
-            resolve(reference)
+        late = (f"importing the module of {reference} did not finish within {spec.tasks.timeout_s:g} s (look "
+                "for code that runs at import; or raise tasks.timeout_s)")
+        try:  # bounded: a scenario module may hang as it loads
+            scenario_checks.call_within(lambda: resolve(reference), spec.tasks.timeout_s, late)
+        except scenario_checks.GeneratorProblem as problem:
+            problems.append((path, str(problem)))
         except ValueError as error:
             fix = "" if str(error).endswith("next to the scenario") else " (fix the 'module:function' path)"
             problems.append((path, f"{error}{fix}"))
@@ -453,7 +457,9 @@ def _generate(scenario: Scenario) -> list[dict]:
     """Call the task generator under tasks.timeout_s; any failure becomes a ScenarioError naming it."""
     spec = scenario.spec.tasks
     try:
-        generator = scenario.resolve(spec.generator)
+        def generator(seed, count):  # the import runs under the timeout too: a module may hang as it loads
+            return scenario.resolve(spec.generator)(seed=seed, count=count)
+
         return scenario_checks.run_generator(generator, spec.generator, spec.seed, spec.count, spec.timeout_s)
     except scenario_checks.GeneratorProblem as problem:
         message = str(problem)

@@ -117,29 +117,36 @@ def database_problem(database, base_dir: Path) -> str | None:
     return None
 
 
+def call_within(function, timeout_s: float, late: str):
+    """function() in a daemon thread, its result or its exception within `timeout_s`; GeneratorProblem(late)
+    when it is not done by then (a Python thread cannot be killed: it is left running until the process
+    exits)."""
+    future: Future = Future()
+
+    def work() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(function())
+            except BaseException as error:  # noqa: BLE001 - user code: reported by the caller
+                future.set_exception(error)
+
+    threading.Thread(target=work, name="scenario-code", daemon=True).start()
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        if future.done():
+            raise
+        raise GeneratorProblem(late) from None
+
+
 def run_generator(generator, reference: str, seed: int, count: int, timeout_s: float) -> list[dict]:
     """The first `count` tasks of `generator(seed=, count=)` as dicts, computed within `timeout_s`.
 
     The generator runs in a daemon thread: one that never returns is reported after `timeout_s`
     (a Python thread cannot be killed, so it is left running until the process exits).
     """
-    future: Future = Future()
-
-    def work() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(_collect(generator(seed=seed, count=count), reference, count))
-            except BaseException as error:  # noqa: BLE001 - user code: reported by the caller
-                future.set_exception(error)
-
-    threading.Thread(target=work, name="task-generator", daemon=True).start()
-    try:
-        return future.result(timeout=timeout_s)
-    except FutureTimeout:
-        if future.done():
-            raise
-        raise GeneratorProblem(f"{reference} did not return within {timeout_s:g} s (make it faster, or raise "
-                               "tasks.timeout_s)") from None
+    return call_within(lambda: _collect(generator(seed=seed, count=count), reference, count), timeout_s,
+                       f"{reference} did not return within {timeout_s:g} s (make it faster, or raise tasks.timeout_s)")
 
 
 def _collect(produced, reference: str, count: int) -> list[dict]:

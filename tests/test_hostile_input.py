@@ -48,6 +48,9 @@ FILES = {
     "generator_hangs": (GENERATED.format(name="hang"), {"gen_lib.py": GENERATORS},
                         ":9:3: tasks.generator: gen_lib:hang did not return within 1 s (make it faster, or raise "
                         "tasks.timeout_s)"),
+    "generator_import_hangs": (GENERATED.format(name="ints"), {"gen_lib.py": "while True:\n    pass\n" + GENERATORS},
+                               ":9:3: tasks.generator: importing the module of gen_lib:ints did not finish within 1 s "
+                               "(look for code that runs at import; or raise tasks.timeout_s)"),
     "generator_ints": (GENERATED.format(name="ints"), {"gen_lib.py": GENERATORS},
                        ":9:3: tasks.generator: gen_lib:ints returned 1 (of type int) as task 0; it must return a "
                        "list of task mappings such as {prompt: '1+1=', answer: '2'}"),
