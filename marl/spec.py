@@ -90,8 +90,9 @@ class TasksSpec(Strict):
     generator: str | None = Field(None, description="'module:function' called as function(seed=..., count=...)")
     seed: int = 0
     count: int = Field(100, ge=1, le=MAX_TASKS, description="tasks asked of a generator")
-    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds the generator may take before "
-                                                                "validation reports it")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds the generator (and importing "
+                                                                "the scenario's modules) may take before validation "
+                                                                "reports it")
     eval_count: int = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
 
     @model_validator(mode="after")
