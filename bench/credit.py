@@ -1,4 +1,4 @@
-"""Benchmark `marl.credit` against shap's explainers on games with known Shapley values.
+"""Benchmark `marl.credit.estimators` against shap's explainers on games with known Shapley values.
 
 Run from a checkout: `python bench/credit.py` (`--help` for options). `--quick` (seconds, for
 tests/test_benchmarks.py) measures the same two things smaller: exact at n = 10 and 14, the error
@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from marl.credit import BatchValue, shapley  # noqa: E402
+from marl.credit.estimators import BatchValue, shapley  # noqa: E402
 
 ESTIMATORS = ("permutation", "antithetic", "tmc", "stratified", "kernel", "auto")
 SPEEDUP_GOAL = 5.0
@@ -137,7 +137,7 @@ def exact_section(shap, sizes: tuple[int, int] = (15, 20)) -> tuple[bool, float 
         fn = weighted_voting(n, np.random.default_rng(n))
         ours, ours_time = timed(lambda: shapley(BatchValue(fn, players(n)), players(n), method="exact"), repeats)
         ours_values = np.array(list(ours.values.values()))
-        line = f"n={n}: marl.credit {ours_time:7.3f} s ({ours.n_evals} coalitions)"
+        line = f"n={n}: marl.credit.estimators {ours_time:7.3f} s ({ours.n_evals} coalitions)"
         if n == small:
             plain = lambda s: float(fn(np.array([[f"agent_{k}" in s for k in range(n)]]))[0])  # noqa: E731
             _, plain_time = timed(lambda: shapley(plain, players(n), method="exact"))
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = {True: "met", False: "NOT met"}
     print(f"\nexact n={sizes[1]} goal (>= {SPEEDUP_GOAL:.0f}x shap Exact, equal values): {verdict[exact_goal]}")
     print(f"equal-evaluation goal (auto <= best shap explainer in every row): {verdict[budget_goal]}")
-    print(f"ratio: {speedup:.1f} (shap Exact s / marl.credit exact s at n={sizes[1]}; "
+    print(f"ratio: {speedup:.1f} (shap Exact s / marl.credit.estimators exact s at n={sizes[1]}; "
           f"anchor: shap ExactExplainer, timed in this run)")
     return 0
 

@@ -41,7 +41,7 @@ so the free rider is right on the same held-out tasks at every evaluation and in
 held-out differences come from `left` and `final` only.
 
 Measured per (condition, seed): held-out team success (100 tasks, temperature 0 for the model, via
-`trainers.scenario_eval.evaluate_team`) every `--eval-every` steps, the first evaluated step at which
+`trainers.team.evaluation.evaluate_team`) every `--eval-every` steps, the first evaluated step at which
 it reaches the target (`--target`, default: the initial success + `--gain`), and the final success.
 Runs use `prepare` and `trainer.step()` directly: no run directory, nothing written but a temp dir.
 Goal: Shapley credit reaches the target in at most 0.7x the steps of the team reward (ratio of the
@@ -146,7 +146,7 @@ def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_e
 
 def held_out_success(trainer, eval_tasks, phase) -> float:
     """Greedy held-out team success with the free rider on its fixed evaluation stream."""
-    from trainers.scenario_eval import evaluate_team
+    from trainers.team.evaluation import evaluate_team
 
     phase("eval")
     try:
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from trainers.cli import _quiet_libraries
+    from trainers.cli.main import _quiet_libraries
 
     _quiet_libraries()
     torch.set_num_threads(1)

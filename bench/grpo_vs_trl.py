@@ -53,8 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marl.addition import addition_reward, addition_splits  # noqa: E402
 from trainers.demo import demo_policy, held_out_accuracy  # noqa: E402
-from trainers.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from trainers.tinylm import load_policy  # noqa: E402
+from trainers.grpo.config import GRPOConfig
+from trainers.grpo.trainer import GRPOTrainer  # noqa: E402
+from trainers.policy.tinylm import load_policy  # noqa: E402
 
 SPEEDUP_GOAL = 3.0
 EVAL_SAMPLES = 8

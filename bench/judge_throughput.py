@@ -1,4 +1,4 @@
-"""Benchmark `judges.openai_backend.OpenAIBackend` throughput against a local OpenAI-compatible server.
+"""Benchmark `judges.model.openai_backend.OpenAIBackend` throughput against a local OpenAI-compatible server.
 
 Run from a checkout: `python bench/judge_throughput.py` (`--help` for options). Starts the loopback test
 server of `tests/judge_server.py` with a fixed latency per request (default 50 ms), then measures
@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from judges.backend import ChatRequest, ChatResponse  # noqa: E402
-from judges.cache import JudgeCache  # noqa: E402
-from judges.openai_backend import OpenAIBackend  # noqa: E402
+from judges.model.backend import ChatRequest, ChatResponse  # noqa: E402
+from judges.model.cache import JudgeCache  # noqa: E402
+from judges.model.openai_backend import OpenAIBackend  # noqa: E402
 
 MODEL = "judge-model"
 CONCURRENCIES = (1, 8, 32, 64)

@@ -1,4 +1,4 @@
-"""Benchmark `trainers.safeguards.self_bleu` against the NLTK loop it reproduces.
+"""Benchmark `trainers.grpo.safeguards.self_bleu` against the NLTK loop it reproduces.
 
 Run from a checkout: `python bench/self_bleu.py` (`--help` for options). Builds 16 texts of 200 tokens
 deterministically (seeded random words from a 500-word vocabulary, interleaved with shared phrases so
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu  # noqa: E402
 
-from trainers.safeguards import group_self_bleu, self_bleu  # noqa: E402
+from trainers.grpo.safeguards import group_self_bleu, self_bleu  # noqa: E402
 
 N_TEXTS = 16
 TOKENS_PER_TEXT = 200

@@ -4,7 +4,7 @@ Infinity, never a torn file.
 Python's json writes NaN and Infinity as bare tokens that strict parsers (browsers, jq, most other
 languages) reject. `plain` turns numpy values into plain numbers and every non-finite float into None,
 recording where each one was; `atomic_file` and `write_text_atomically` write through a synced temporary
-sibling and a rename, so a reader sees the old complete file or the new one (trainers.atomic adds
+sibling and a rename, so a reader sees the old complete file or the new one (trainers.runs.atomic adds
 whole directories). Standard library and numpy only.
 """
 

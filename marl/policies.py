@@ -14,7 +14,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from marl.scenario import Scenario
+from marl.scenario.load import Scenario
 from marl.types import Task
 
 Policy = Callable[[str, str, Task], str]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judges.types import Candidate, Item, Judgment, Scorer, ToolCallRecord
-from marl.spec import ScenarioSpec, ScorerSpec
+from marl.scenario.spec import ScenarioSpec, ScorerSpec
 from marl.types import Task
 
 LAYERS = ("outcome", "process", "format")

@@ -1,7 +1,7 @@
 """Tasks, expert and the tester's scorer of the code_pair scenario.
 
 Each task is a small Python function: a signature, a one-line spec, visible examples (in the prompt)
-and hidden tests (in metadata["tests"], the `{"call", "expected"}` format of judges.code). Expected
+and hidden tests (in metadata["tests"], the `{"call", "expected"}` format of judges.rules.code). Expected
 values are computed once from the reference solution (trusted code, run here, never in the prompt).
 
 The tester is scored by `tester_tests_valid` with a rule a tautology cannot pass: a check earns credit
@@ -261,7 +261,7 @@ MAX_CHECKS = 8
 def tester_call_test(line: str, entry: str) -> tuple[str, str] | None:
     """(call, expected) when `line` is `assert entry(<literals>) == <literal>` (either side), with
     the literals normalised; None for anything else (it can earn no credit)."""
-    from judges.code_harness import decode_literal
+    from judges.rules.code_harness import decode_literal
 
     try:
         tree = ast.parse(line.strip())
@@ -286,7 +286,7 @@ def tester_call_test(line: str, entry: str) -> tuple[str, str] | None:
 
 
 def _claims(code: str, calls: list[str], entry: str) -> list:
-    from judges.code_harness import Claim, evaluate
+    from judges.rules.code_harness import Claim, evaluate
 
     evaluation = evaluate(code, calls, entry=entry, timeout_s=2.0, memory_mb=256)
     return evaluation.claims or [Claim("missing")] * len(calls)
@@ -304,7 +304,7 @@ def tester_tests_valid(item, candidate):
     passes earn nothing, and every assert line counts in the denominator. 0.0 without assert lines; a
     sandbox failure is a failed Judgment, never a number.
     """
-    from judges.code_harness import SandboxError, claim_matches
+    from judges.rules.code_harness import SandboxError, claim_matches
     from judges.types import failed
 
     entry, text = item.metadata.get("entry", ""), candidate.text or ""

@@ -24,7 +24,7 @@ def _one_thread():
 @pytest.fixture
 def micro_policy():
     """Factory of a fresh, seeded, untrained micro Llama (2 layers, hidden 32) and its char tokenizer."""
-    from trainers.tinylm import TinyLMRecipe, build_char_tokenizer, init_tiny_model
+    from trainers.policy.tinylm import TinyLMRecipe, build_char_tokenizer, init_tiny_model
 
     def make(seed: int = 0):
         recipe = TinyLMRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from marl.addition import AdditionSplits, addition_progress, addition_reward, addition_splits
-from trainers.grpo import GRPOConfig, GRPOTrainer
-from trainers.rundir import RunDirectoryError  # noqa: F401  (raised by run_demo; re-exported for callers)
-from trainers.tinylm import TinyLMRecipe, build_or_load_tiny_model, load_policy
+from trainers.grpo.config import GRPOConfig
+from trainers.grpo.trainer import GRPOTrainer
+from trainers.runs.rundir import RunDirectoryError  # noqa: F401  (raised by run_demo; re-exported for callers)
+from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model, load_policy
 
 PROBE_SIZE = 256  # tasks of the RL split used to decide when SFT has warmed the model up enough
 
@@ -44,7 +45,7 @@ class DemoConfig:
 def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print) -> Path:
     """The tiny addition model, built on the SFT split and warmed up until its sampled accuracy on a
     probe of the RL split reaches the recipe's target."""
-    from trainers.evaluate import accuracy
+    from trainers.grpo.evaluate import accuracy
 
     demonstrations = [(task.prompt, task.answer) for task in splits.sft]
     probe = splits.train[:PROBE_SIZE]
@@ -57,7 +58,7 @@ def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print)
 
 def held_out_accuracy(model, tokenizer, splits: AdditionSplits, samples: int, max_new_tokens: int) -> dict:
     """Greedy and sampled accuracy on the fixed evaluation split."""
-    from trainers.evaluate import accuracy
+    from trainers.grpo.evaluate import accuracy
 
     greedy = accuracy(model, tokenizer, splits.eval, addition_reward, max_new_tokens=max_new_tokens)
     sampled = accuracy(model, tokenizer, splits.eval, addition_reward, greedy=False, samples=samples,
@@ -73,7 +74,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     """
     import torch
 
-    from trainers.rundir import ensure_writable, write_failure
+    from trainers.runs.rundir import ensure_writable, write_failure
 
     torch.set_num_threads(config.grpo.threads)
     out = Path(config.out)
@@ -90,11 +91,11 @@ def run_demo(config: DemoConfig, log=print) -> dict:
 
 
 def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) -> dict:
-    from trainers.atomic import write_text_atomically
-    from trainers.checkpoint import final_checkpoint, load_checkpoint
-    from trainers.progress import ProgressPrinter
-    from trainers.report import truncate_metrics, write_report
-    from trainers.rundir import open_run_directory
+    from trainers.runs.atomic import write_text_atomically
+    from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
+    from trainers.runs.progress import ProgressPrinter
+    from trainers.runs.report import truncate_metrics, write_report
+    from trainers.runs.rundir import open_run_directory
 
     resumed = open_run_directory(out, config.resume, log)
     if resumed is not None:
@@ -129,8 +130,8 @@ def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) 
 def _tracker(config: DemoConfig, out: Path, step: int):
     """The experiment tracker; `none` still keeps the run directory's own metrics.jsonl. A W&B run
     keeps one id per run directory, so a resume continues it."""
-    from trainers.rundir import wandb_run_id
-    from trainers.tracking import JsonlTracker, make_tracker
+    from trainers.runs.rundir import wandb_run_id
+    from trainers.runs.tracking import JsonlTracker, make_tracker
 
     if config.tracker == "none":
         return JsonlTracker(out)
@@ -141,7 +142,7 @@ def _tracker(config: DemoConfig, out: Path, step: int):
 
 def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:
     """The step loop: log every step, checkpoint every `checkpoint_every`, and on Ctrl-C."""
-    from trainers.checkpoint import checkpoint_on_interrupt, save_checkpoint
+    from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
 
     with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < config.grpo.steps:
@@ -160,7 +161,7 @@ def _read_before(out: Path) -> dict | None:
 
 
 def _summary(config: DemoConfig, before: dict, after: dict, out: Path, seconds: float) -> dict:
-    from trainers.report import read_metrics
+    from trainers.runs.report import read_metrics
 
     rows = read_metrics(out / "metrics.jsonl")
     step_times = [row["time/step"] for row in rows]

@@ -7,7 +7,7 @@
 3. run `probe_steps` main-stage trainer steps and record each step's seconds (play, counterfactual
    credit replays, update) and each episode's trajectory length in generated tokens (the summed
    completion mask of every sampled turn of the episode: the tokens the update trains on);
-4. project: the stages and their steps (`trainers.stages.stage_plan`), episodes per step
+4. project: the stages and their steps (`trainers.stages.warmup.stage_plan`), episodes per step
    (prompts_per_step x group_size), total episodes, training tokens
    (total steps x prompts_per_step x group_size x mean trajectory tokens x mu), how often each
    distinct training task is drawn, and wall time = total steps x measured seconds per step, plus
@@ -78,7 +78,7 @@ def measure_probe(trainer, eval_tasks: list, probe_steps: int) -> Probe:
 
 def time_evaluation(player, eval_tasks: list) -> tuple[float, int]:
     """Seconds of one greedy evaluation pass over `eval_tasks` (timed on at most EVAL_PROBE_TASKS)."""
-    from trainers.scenario_eval import evaluate_team
+    from trainers.team.evaluation import evaluate_team
 
     if not eval_tasks:
         return 0.0, 0
@@ -103,7 +103,7 @@ def trajectory_tokens(batch) -> list[int]:
 
 def project_estimate(scenario, n_train_tasks: int, n_eval_tasks: int, probe: Probe) -> dict:
     """The whole run's size, tokens and time from the scenario's plan and a probe's measurements."""
-    from trainers.stages import stage_plan
+    from trainers.stages.warmup import stage_plan
 
     train = scenario.spec.train
     plan = stage_plan(train)

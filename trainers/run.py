@@ -3,7 +3,7 @@
 1. load and validate the scenario (a bad file stops here, before any model is built);
 2. build or load the base model (the embedded tiny model, or train.model) and the actors;
 3. measure the held-out team success at temperature 0 (`before.json`);
-4. run the stages (`trainers.stages`): warm-up SFT and low-lr check, main RL, reflection, safety,
+4. run the stages (`trainers.stages.warmup`): warm-up SFT and low-lr check, main RL, reflection, safety,
    logging every step to the tracker (W&B offline by default, always a metrics.jsonl mirror),
    tables of samples and credit every `TABLE_EVERY` steps, checkpoints every train.checkpoint_every
    steps and on Ctrl-C;
@@ -44,9 +44,9 @@ class RunError(RuntimeError):
 
 def prepare(options: RunOptions, log=print):
     """Scenario, tasks, actors and trainer of a run (validation first, models after)."""
-    from marl.scenario import load_scenario
-    from trainers.actors import build_actors
-    from trainers.multiagent import MultiAgentTrainer
+    from marl.scenario.load import load_scenario
+    from trainers.policy.actors import build_actors
+    from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
     train_tasks, eval_tasks = scenario.split()
@@ -61,8 +61,8 @@ def prepare(options: RunOptions, log=print):
 
 def grpo_config(scenario):
     """The GRPO settings of a scenario's `train` section (total steps = every stage's steps)."""
-    from trainers.grpo import GRPOConfig
-    from trainers.stages import stage_plan
+    from trainers.grpo.config import GRPOConfig
+    from trainers.stages.warmup import stage_plan
 
     train = scenario.spec.train
     return GRPOConfig(steps=sum(steps for _, steps in stage_plan(train)), prompts_per_step=train.prompts_per_step,
@@ -93,7 +93,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
             raise RunError(f"train.model: {path} is not a Hugging Face model directory (no config.json); "
                            "use 'tiny' or a directory written by save_pretrained")
         return path
-    from trainers.stages import expert_demonstrations
+    from trainers.stages.warmup import expert_demonstrations
 
     train_tasks, _ = scenario.split()
     if scenario.spec.expert is not None:
@@ -105,7 +105,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
         from trainers.demo import demo_policy
 
         return demo_policy(addition_splits(seed=0), cache_dir, log)
-    from trainers.tinylm import TinyLMRecipe, build_or_load_tiny_model
+    from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model
 
     if scenario.spec.expert is None:
         raise RunError(f"train.model 'tiny': scenario {scenario.spec.name!r} has no expert, so a tiny model for its "
@@ -131,7 +131,7 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    from trainers.rundir import ensure_writable, write_failure
+    from trainers.runs.rundir import ensure_writable, write_failure
 
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
@@ -146,17 +146,17 @@ def run_scenario(options: RunOptions, log=print) -> dict:
 
 
 def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:
-    from trainers.atomic import write_text_atomically
-    from trainers.checkpoint import final_checkpoint, load_checkpoint
-    from trainers.report import truncate_metrics, truncate_tables
-    from trainers.rundir import open_run_directory
-    from trainers.scenario_eval import evaluate_team
-    from trainers.stages import sft_warmup_stage, stage_plan
+    from trainers.runs.atomic import write_text_atomically
+    from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
+    from trainers.runs.report import truncate_metrics, truncate_tables
+    from trainers.runs.rundir import open_run_directory
+    from trainers.team.evaluation import evaluate_team
+    from trainers.stages.warmup import sft_warmup_stage, stage_plan
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
-        from judges.sandbox import describe
+        from judges.rules.sandbox import describe
         log(describe())  # which barriers contain the model's code on this machine
     plan = stage_plan(train)
     eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
@@ -198,9 +198,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
 
 def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
     """The step loop across stages: log, tables, checkpoints; Ctrl-C writes a checkpoint."""
-    from trainers.checkpoint import checkpoint_on_interrupt, save_checkpoint
-    from trainers.progress import ProgressPrinter
-    from trainers.stages import run_stage_step, stage_at
+    from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
+    from trainers.runs.progress import ProgressPrinter
+    from trainers.stages.warmup import run_stage_step, stage_at
 
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
@@ -258,8 +258,8 @@ def _judgment_rows(step: int, episodes) -> list[list]:
 
 def _tracker(options: RunOptions, scenario, out: Path, step: int):
     """The run's tracker; a W&B run keeps one id per run directory, so a resume continues it."""
-    from trainers.rundir import wandb_run_id
-    from trainers.tracking import JsonlTracker, make_tracker
+    from trainers.runs.rundir import wandb_run_id
+    from trainers.runs.tracking import JsonlTracker, make_tracker
 
     kind = options.tracker or scenario.spec.train.tracking.tracker
     if kind == "none":
@@ -281,7 +281,7 @@ def _summary(trainer, before, after, seconds: float, plan) -> dict:
 
 
 def _write_report(out: Path, spec, before, after, trainer) -> Path:
-    from trainers.report import write_report
+    from trainers.runs.report import write_report
 
     per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
     figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731

@@ -1,0 +1,13 @@
+"""Model judges: an LLM (or a simulation of one) says how good an answer is.
+
+    judges.py          pointwise, pairwise (both orders), listwise and panels
+    prompts.py         MT-Bench style prompts and strict verdict parsers
+    backend.py         the contract between judges and whatever answers their prompts
+    openai_backend.py  any OpenAI-compatible endpoint (the only openai import)
+    local_backend.py   a local transformers model
+    simulated.py       a simulated judge shaped like openai.AsyncOpenAI, for tests and benches
+    cache.py           a content-addressed on-disk cache of responses
+    factory.py         a judge from a scenario's `judges:` entry, optionally calibrated
+
+May import: judges' top, judges.stats (calibration, Dawid-Skene) inside functions.
+"""

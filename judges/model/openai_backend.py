@@ -1,0 +1,467 @@
+"""`OpenAIBackend`: judge requests to any OpenAI-compatible Chat Completions endpoint.
+
+The only module of the project that imports `openai`, and only inside `OpenAIBackend.__init__` when
+it has to build a client itself (`import judges.model.openai_backend` stays light). Any object shaped like
+`openai.AsyncOpenAI` works as `client` (attributes are read, openai's classes are never required),
+for example `judges.model.simulated.SimulatedClient`.
+
+What one `complete(request)` does, in order:
+  1. cache lookup (`judges.model.cache.JudgeCache`; `replay_strict` raises CacheMiss on a miss);
+  2. per attempt: the concurrency semaphore (`max_concurrency` requests in flight at most), then the
+     token bucket (`requests_per_second`, burst 1: N sends take at least (N-1)/R seconds), then the
+     call under a per-request timeout (`timeout_s`, also given to a client built here);
+  3. errors are classified: 408/409/429/5xx, connection errors and timeouts are retried up to
+     `max_retries` times with exponential backoff (`backoff_s * 2**k`, jitter x[0.75, 1.25] from a
+     seeded random.Random, capped at `max_backoff_s`), or exactly the server's `Retry-After`
+     (seconds, milliseconds via `retry-after-ms`, or an HTTP date; capped at `max_retry_after_s`);
+     anything else (400 incl. context length, 401, 403, 404 unknown model, 422, a malformed body)
+     fails at once. Failures come back as statuses, never as exceptions: `api_error` with
+     error "<status code>: <message>", or `timeout` when the last attempt timed out;
+  4. the answer is parsed: `finish_reason == "length"` -> `truncated` (text kept), `message.refusal`
+     or `finish_reason == "content_filter"` -> `refusal`, else `ok`; `choices[0].logprobs.content[i]
+     .top_logprobs` -> `token_logprobs[i] = {token: logprob}`; `usage` -> dict of ints;
+  5. the answer is checked (`judges.model.backend.checked_response`): one larger than `max_response_bytes`
+     (default 1 MB), or with a logprob that is NaN, infinite or above 0 (e.g. 800, which would
+     overflow exp), becomes `api_error` ("response too large: ..." / "invalid response: ..."): a
+     failed judgment, never a score, never cached, so a rerun asks again. A client built here also
+     refuses the body on the wire: a Content-Length above the cap, or more bytes than the cap while
+     reading, stops the download (no retry: the same request would get the same answer);
+  6. ok/truncated responses are written to the cache.
+
+`stats`: {"calls": network attempts made, "cache_hits", "retries", "failed": responses returned with
+a status other than ok}. The SDK's own retries are off (`max_retries=0`): this loop is the only one.
+
+An async client (and its connection pool) belongs to one event loop. A client built here is rebuilt when
+the backend is next used from another loop (so `asyncio.run` per call works); a client passed in is
+not, so drive such a backend from one loop, e.g. through `run_sync`, which runs every coroutine on one
+shared background loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from judges.model.backend import MAX_RESPONSE_BYTES, ChatRequest, ChatResponse, checked_response
+from judges.model.cache import JudgeCache
+
+RETRYABLE_STATUS_CODES = frozenset({408, 409, 429})
+
+
+from judges.model.backend import run_sync  # noqa: E402,F401 - re-exported; one shared loop for every judge
+
+
+# -- rate limiting -----------------------------------------------------------------------------------------
+class TokenBucket:
+    """A token bucket (GCRA form): `rate` sends per second with bursts of at most `burst`.
+
+    Reservations are made synchronously inside the event loop, so no lock is needed and the bucket
+    works on whatever loop awaits it.
+    """
+
+    def __init__(self, rate: float, burst: int = 1):
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"a token bucket needs rate > 0 and burst >= 1 (got {rate}, {burst})")
+        self.interval = 1.0 / rate
+        self.tolerance = (burst - 1) * self.interval
+        self._theoretical_arrival = 0.0
+
+    def reserve(self, now: float) -> float:
+        """Reserve one send at or after `now`; returns how long to wait before sending."""
+        arrival = max(self._theoretical_arrival, now)
+        send_at = max(now, arrival - self.tolerance)
+        self._theoretical_arrival = arrival + self.interval
+        return send_at - now
+
+    async def acquire(self) -> None:
+        """Wait for a token."""
+        wait = self.reserve(time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+# -- the response size cap on the wire ---------------------------------------------------------------------
+class ResponseTooLarge(Exception):
+    """An endpoint sent (or announced) more bytes than the backend's `max_response_bytes`."""
+
+
+def _httpx_module(openai_module: Any) -> Any:
+    """The HTTP library the installed openai SDK is built on (httpx, or its fork httpx2)."""
+    import importlib
+
+    client_class = openai_module.DefaultAsyncHttpxClient
+    base = next(c for c in client_class.__mro__ if c.__name__ == "AsyncClient")
+    return importlib.import_module(base.__module__.split(".")[0])
+
+
+def capped_http_client(openai_module: Any, max_bytes: int) -> Any:
+    """An SDK-default async HTTP client whose responses stop at `max_bytes` (ResponseTooLarge).
+
+    The cap is on the bytes received, so the answer is asked uncompressed (Accept-Encoding: identity):
+    a compressed body could otherwise expand far past what was counted.
+    """
+    httpx = _httpx_module(openai_module)
+
+    class CappedStream(httpx.AsyncByteStream):
+        def __init__(self, inner):
+            self.inner, self.received = inner, 0
+
+        async def __aiter__(self):
+            async for chunk in self.inner:
+                self.received += len(chunk)
+                if self.received > max_bytes:
+                    raise ResponseTooLarge(f"response too large: more than {max_bytes} bytes "
+                                           "(max_response_bytes); the download was stopped")
+                yield chunk
+
+        async def aclose(self):
+            await self.inner.aclose()
+
+    class CappedTransport(httpx.AsyncBaseTransport):
+        def __init__(self):
+            limits = getattr(openai_module, "DEFAULT_CONNECTION_LIMITS", None)  # the SDK's pool, not httpx's
+            self.inner = httpx.AsyncHTTPTransport(limits=limits) if limits is not None else httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request):
+            response = await self.inner.handle_async_request(request)
+            announced = response.headers.get("content-length", "")
+            if announced.isdigit() and int(announced) > max_bytes:
+                await response.aclose()
+                raise ResponseTooLarge(f"response too large: Content-Length {announced} bytes > the cap of "
+                                       f"{max_bytes} bytes (max_response_bytes)")
+            response.stream = CappedStream(response.stream)
+            return response
+
+        async def aclose(self):
+            await self.inner.aclose()
+
+    return openai_module.DefaultAsyncHttpxClient(transport=CappedTransport(), headers={"Accept-Encoding": "identity"})
+
+
+def _too_large(exc: BaseException) -> ResponseTooLarge | None:
+    """The ResponseTooLarge behind `exc` (the SDK may wrap it), or None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ResponseTooLarge):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+# -- error classification ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    """A classified exception: the status it ends in, whether to retry, the error text, Retry-After."""
+
+    status: str
+    retryable: bool
+    error: str
+    retry_after: float | None = None
+
+
+def _header(headers: Any, name: str) -> str | None:
+    """A header value from httpx-style or plain-dict headers, case-insensitively."""
+    if headers is None:
+        return None
+    value = headers.get(name) if hasattr(headers, "get") else None
+    if value is None and isinstance(headers, Mapping):
+        value = next((v for k, v in headers.items() if str(k).lower() == name), None)
+    return None if value is None else str(value)
+
+
+def parse_retry_after(headers: Any, now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date (None if absent)."""
+    milliseconds = _header(headers, "retry-after-ms")
+    if milliseconds is not None:
+        try:
+            return max(0.0, float(milliseconds) / 1000.0)
+        except ValueError:
+            pass
+    value = _header(headers, "retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    current = datetime.now(timezone.utc).timestamp() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def _error_message(exc: BaseException) -> str:
+    """The server's message when the error carries one, else the exception text."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and inner.get("message"):
+            return str(inner["message"])
+    return str(getattr(exc, "message", None) or exc or type(exc).__name__)
+
+
+def classify_error(exc: BaseException) -> Failure:
+    """Retryable (408/409/429/5xx, connection, timeout) or terminal (everything else)."""
+    name = type(exc).__name__
+    if (too_large := _too_large(exc)) is not None:
+        return Failure("api_error", False, str(too_large))
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
+        return Failure("timeout", True, f"timeout: {_error_message(exc)}")
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int):
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None) if response is not None else getattr(exc, "headers", None)
+        retryable = code in RETRYABLE_STATUS_CODES or code >= 500
+        return Failure("api_error", retryable, f"{code}: {_error_message(exc)}", parse_retry_after(headers))
+    if "Connection" in name or isinstance(exc, (ConnectionError, OSError)):
+        return Failure("api_error", True, f"connection: {_error_message(exc)}")
+    if isinstance(exc, (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError)):
+        return Failure("api_error", False, f"malformed response: {name}: {exc}")
+    return Failure("api_error", False, f"{name}: {exc}")
+
+
+# -- response parsing ----------------------------------------------------------------------------------------
+def _field(obj: Any, name: str) -> Any:
+    """obj.name, or obj[name] for dicts (None when missing)."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _token_logprobs(logprobs: Any) -> tuple[dict[str, float], ...] | None:
+    """{token: logprob} of the top alternatives of each generated token (None when absent)."""
+    content = _field(logprobs, "content") if logprobs is not None else None
+    if content is None:
+        return None
+    rows = []
+    for entry in content:
+        top = _field(entry, "top_logprobs") or []
+        row = {str(_field(alt, "token")): float(_field(alt, "logprob")) for alt in top}
+        if not row:
+            row = {str(_field(entry, "token")): float(_field(entry, "logprob"))}
+        rows.append(row)
+    return tuple(rows)
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    if usage is None:
+        return {}
+    names = ("prompt_tokens", "completion_tokens", "total_tokens")
+    return {name: int(_field(usage, name)) for name in names if _field(usage, name) is not None}
+
+
+def parse_completion(completion: Any, *, latency: float = 0.0, attempts: int = 1) -> ChatResponse:
+    """A ChatResponse from an SDK ChatCompletion (or any object/dict of that shape).
+
+    Raises ValueError (or an attribute/type error) when the shape is wrong.
+    """
+    choices = _field(completion, "choices")
+    if not choices:
+        raise ValueError("the completion has no choices")
+    choice = choices[0]
+    message = _field(choice, "message")
+    if message is None:
+        raise ValueError("the first choice has no message")
+    finish_reason = _field(choice, "finish_reason")
+    refusal = _field(message, "refusal")
+    text = _field(message, "content") or ""
+    if not isinstance(text, str):
+        raise TypeError(f"message content is {type(text).__name__}, not text")
+    common = dict(text=text, finish_reason=finish_reason, token_logprobs=_token_logprobs(_field(choice, "logprobs")),
+                  usage=_usage(_field(completion, "usage")), latency=latency, attempts=attempts)
+    if refusal:
+        return ChatResponse("refusal", error=f"refusal: {refusal}", **common)
+    if finish_reason == "content_filter":
+        return ChatResponse("refusal", error="refusal: content_filter", **common)
+    if finish_reason == "length":
+        return ChatResponse("truncated", error="truncated: finish_reason length", **common)
+    return ChatResponse("ok", **common)
+
+
+# -- the backend -----------------------------------------------------------------------------------------------
+def _check_settings(max_concurrency: int, max_retries: int, timeout_s: float, max_response_bytes: int) -> None:
+    """ValueError naming the first setting out of range."""
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+    if max_response_bytes < 1:
+        raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes!r}")
+
+
+class OpenAIBackend:
+    """A `ChatBackend` over an OpenAI-compatible endpoint (see the module docstring).
+
+    client: an `openai.AsyncOpenAI` or any object shaped like it; None builds
+    `openai.AsyncOpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
+    max_retries=0, timeout=timeout_s)`.
+    identity: f"openai:{model}@{base_url or client.base_url}" (cache keys, calibrator binding).
+    seed: seeds the backoff jitter.
+    max_response_bytes: the largest answer accepted (on the wire for a client built here, and as text
+    plus logprobs for any client); a larger one is an api_error, never cached.
+    """
+
+    def __init__(self, client: Any = None, *, model: str, base_url: str | None = None,
+                 api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 8,
+                 requests_per_second: float | None = None, timeout_s: float = 60.0, max_retries: int = 4,
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_retry_after_s: float = 60.0,
+                 seed: int = 0, cache: JudgeCache | None = None, max_response_bytes: int = MAX_RESPONSE_BYTES):
+        _check_settings(max_concurrency, max_retries, timeout_s, max_response_bytes)
+        self._owns_client = client is None
+        self.max_response_bytes = int(max_response_bytes)
+        self._client_settings = {"base_url": base_url, "api_key_env": api_key_env, "timeout_s": timeout_s}
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self.client = client if client is not None else self._build_client()
+        self.model = model
+        self.base_url = str(base_url or getattr(self.client, "base_url", "") or "").rstrip("/")
+        self.identity = f"openai:{model}@{self.base_url}"
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.cache = cache
+        self.bucket = TokenBucket(requests_per_second) if requests_per_second else None
+        self.stats = {"calls": 0, "cache_hits": 0, "retries": 0, "failed": 0}
+        self._rng = random.Random(seed)
+        self._semaphore: asyncio.Semaphore | None = None
+        self._semaphore_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend({self.identity!r}, max_concurrency={self.max_concurrency})"
+
+    def _build_client(self) -> Any:
+        """An openai.AsyncOpenAI from this backend's settings (the SDK's own retries off)."""
+        import openai  # the project's only openai import
+
+        settings = self._client_settings
+        return openai.AsyncOpenAI(base_url=settings["base_url"],
+                                  api_key=os.environ.get(settings["api_key_env"]) or "EMPTY", max_retries=0,
+                                  timeout=settings["timeout_s"],
+                                  http_client=capped_http_client(openai, self.max_response_bytes))
+
+    def _client_for_running_loop(self) -> Any:
+        """The client; one built here is rebuilt when the backend is driven from a new event loop (an async
+        connection pool cannot outlive its loop, e.g. across asyncio.run calls). A client passed in is
+        used as is."""
+        loop = asyncio.get_running_loop()
+        if self._owns_client and self._client_loop is not None and self._client_loop is not loop:
+            self.client = self._build_client()
+        self._client_loop = loop
+        return self.client
+
+    def _slots(self) -> asyncio.Semaphore:
+        """The concurrency semaphore of the running loop (rebuilt if the backend moves to another loop)."""
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._semaphore_loop is not loop:
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._semaphore_loop = loop
+        return self._semaphore
+
+    def _request_arguments(self, request: ChatRequest) -> dict[str, Any]:
+        """Keyword arguments of chat.completions.create for `request`."""
+        arguments: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in request.messages],
+                                     "max_tokens": request.max_tokens, "temperature": request.temperature}
+        if request.seed is not None:
+            arguments["seed"] = request.seed
+        if request.logprobs:
+            arguments["logprobs"] = True
+            if request.top_logprobs:
+                arguments["top_logprobs"] = request.top_logprobs
+        return arguments
+
+    async def _attempt(self, request: ChatRequest) -> Any:
+        """One network call: a concurrency slot, a rate token, the call under the timeout."""
+        async with self._slots():
+            if self.bucket is not None:
+                await self.bucket.acquire()
+            self.stats["calls"] += 1
+            create = self._client_for_running_loop().chat.completions.create(**self._request_arguments(request))
+            return await asyncio.wait_for(create, timeout=self.timeout_s)
+
+    def _retry_delay(self, retry_number: int, retry_after: float | None) -> float:
+        """Seconds before retry number `retry_number` (1-based)."""
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after_s)
+        delay = self.backoff_s * 2 ** (retry_number - 1) * (0.75 + 0.5 * self._rng.random())
+        return min(delay, self.max_backoff_s)
+
+    async def _complete_uncached(self, request: ChatRequest) -> ChatResponse:
+        """Call with retries; failures become statuses."""
+        start = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                completion = await self._attempt(request)
+            except Exception as exc:  # noqa: BLE001 - every endpoint failure becomes a status
+                failure = classify_error(exc)
+                if failure.retryable and attempts <= self.max_retries:
+                    self.stats["retries"] += 1
+                    await asyncio.sleep(self._retry_delay(attempts, failure.retry_after))
+                    continue
+                return ChatResponse(failure.status, error=failure.error, latency=time.monotonic() - start,
+                                    attempts=attempts)
+            try:
+                response = parse_completion(completion, latency=time.monotonic() - start, attempts=attempts)
+                return checked_response(response, self.max_response_bytes)
+            except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+                return ChatResponse("api_error", error=f"malformed response: {type(exc).__name__}: {exc}",
+                                    latency=time.monotonic() - start, attempts=attempts)
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        """One request, one response (cache first); never raises for endpoint failures.
+
+        Raises judges.model.cache.CacheMiss when the cache is in replay_strict mode and has no entry.
+        """
+        if self.cache is not None:
+            cached = self.cache.lookup(request, self.identity)
+            if cached is not None:
+                self.stats["cache_hits"] += 1
+                return cached
+        response = await self._complete_uncached(request)
+        if response.status != "ok":
+            self.stats["failed"] += 1
+        if self.cache is not None:
+            self.cache.store(request, self.identity, response)
+        return response
+
+    async def complete_many(self, requests: Sequence[ChatRequest],
+                            progress: Callable[[int, int], None] | None = None) -> list[ChatResponse]:
+        """All `requests` concurrently (at most max_concurrency in flight), answers in order.
+
+        progress(done, total) is called after each response.
+        """
+        total = len(requests)
+        done = 0
+
+        async def one(request: ChatRequest) -> ChatResponse:
+            nonlocal done
+            response = await self.complete(request)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+            return response
+
+        return list(await asyncio.gather(*(one(request) for request in requests)))
+
+    async def aclose(self) -> None:
+        """Close the client if this backend built it."""
+        if self._owns_client and hasattr(self.client, "close"):
+            await self.client.close()

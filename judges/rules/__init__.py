@@ -1,0 +1,13 @@
+"""Rule verifiers: deterministic scorers under the same `Scorer` interface as model judges.
+
+    registry.py      build_scorer(kind, params, base_dir): a verifier from a reward spec
+    basic.py         exact, numeric, regex, contains, JSON-schema, callable, tool-use, process, format
+    patterns.py      scenario regexes compiled with RE2 (linear time)
+    sql.py           SQL result sets on SQLite and its hidden variants
+    code.py          code against hidden tests, every verdict made outside the sandbox
+    code_harness.py  the sandboxed half of the code verifier
+    sandbox.py       run untrusted Python under kernel layers (parent side)
+    sandbox_child.py the child's first code; sandbox_layers.py: seccomp BPF and Landlock paths
+
+May import: judges' top (types, imports, strict_json).
+"""

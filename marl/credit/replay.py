@@ -1,0 +1,137 @@
+"""Per-episode credit from counterfactual replays, and the judge shrinkage of blended rewards.
+
+`episode_credits(player, episodes, credit)` gives every episode of a training step its own
+CreditEstimate: the coalition values v(S) are the team rewards of replays of that very episode in
+which the agents outside S are absent (`credit.absent`), all replays of a step played in one
+lockstep batch (`marl.rollout`). Present agents keep their recorded messages while what they
+see is unchanged, and the replays of one episode share their fresh samples (common random numbers),
+so an agent whose message changes nothing downstream gets exactly zero marginal value. `mask`
+rescores the blanked transcript without playing. A replay whose judge failed masks the episode's
+credit (counted by the trainer), never a 0.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from marl.credit.coalitions import masked_team_reward
+from marl.rollout import EpisodeJob, EpisodePlayer
+
+
+def shrink_factors(episodes, group_size: int, spec) -> list[float | None]:
+    """With rewards.blend.shrink (cooperative): lambda per episode the judge decided, else None.
+
+    Within each task group, lambda = 1 / (1 + var / var_group) from the judge's uncertainty and the
+    spread of the group's judge scores (marl.blend.shrink_to_group_mean). Rule-decided and masked
+    episodes get None. Recorded in the episode's breakdown as blend["shrink"].
+    """
+    from marl.blend import shrink_to_group_mean
+
+    blend = spec.rewards.blend
+    if blend is None or not blend.shrink or spec.mode != "cooperative":
+        return [None] * len(episodes)
+    factors = []
+    for start in range(0, len(episodes), group_size):
+        group = episodes[start:start + group_size]
+        details = [e.breakdown["team"].blend if "team" in e.breakdown else None for e in group]
+        judged = [d["judge"] if d and d["source"] == "judge" else None for d in details]
+        variances = [d["judge_variance"] if d and d["source"] == "judge" else 0.0 for d in details]
+        for detail, raw, (_, factor) in zip(details, judged, shrink_to_group_mean(judged, variances)):
+            factors.append(None if raw is None else factor)
+            if raw is not None and factor is not None:
+                detail["shrink"] = factor
+    return factors
+
+
+def shrink_rewards(rows: list[dict], factors: list[float | None], group_size: int, agents) -> int:
+    """Move each agent's judge-decided rewards toward their group's mean: r -> m + lambda (r - m).
+
+    Applied to the per-agent rewards after credit assignment, so the counterfactual values the
+    credit came from stay on one scale; for the team reward it is the team reward shrunk. Returns
+    how many episodes were shrunk.
+    """
+    shrunk = 0
+    for start in range(0, len(rows), group_size):
+        members = [i for i in range(start, min(start + group_size, len(rows))) if factors[i] is not None]
+        if len(members) < 2:
+            continue
+        for agent in agents:
+            values = [rows[i][agent] for i in members if not math.isnan(rows[i][agent])]
+            if len(values) < 2:
+                continue
+            mean = statistics.fmean(values)
+            for i in members:
+                rows[i][agent] = mean + factors[i] * (rows[i][agent] - mean)
+        shrunk += len(members)
+    return shrunk
+
+
+def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
+    """One CreditEstimate per episode (None when its team reward is masked), from batched replays."""
+    from marl.credit.coalitions import coalitions_needed, estimate_credit
+
+    players = tuple(player.scenario.agent_names)
+    everyone = frozenset(players)
+    needed = [c for c in coalitions_needed(credit, players, player._first.visibility) if c != everyone]
+    tables = [{everyone: e.team_reward()} for e in episodes]
+    memos = [[{} for _ in range(credit.rollouts)] for _ in episodes]  # rollout r of every coalition shares samples
+    _fill_values(player, episodes, tables, needed, credit, memos)
+    estimates = []
+    for episode, table, memo in zip(episodes, tables, memos):
+        if any(math.isnan(v) for v in table.values()):  # a judge failed in the episode or a replay: mask it
+            estimates.append(None)
+            continue
+
+        def value(coalition, table=table, episode=episode, memo=memo):  # sampled estimators ask as they go
+            coalition = frozenset(coalition)
+            if coalition not in table:
+                _fill_values(player, [episode], [table], [coalition], credit, [memo])
+            return table[coalition]
+
+        try:
+            estimates.append(estimate_credit(credit, value, players, player._first.visibility))
+        except ValueError as error:
+            if "non-finite" not in str(error):
+                raise
+            estimates.append(None)  # a sampled estimator met a failed replay: masked like a failed judge
+    return estimates
+
+
+def _fill_values(player, episodes, tables, coalitions, credit, memos) -> None:
+    """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch, the
+    replays of an episode sharing its memos (one per rollout) with every earlier and later call."""
+    if not coalitions:
+        return
+    if credit.absent == "mask":
+        for episode, table in zip(episodes, tables):
+            for coalition in coalitions:
+                table[coalition] = masked_team_reward(player.scorer, episode.job.task, episode.transcript,
+                                                      episode.tool_log, coalition, list(episode.rewards))
+        return
+    jobs, keys = [], []
+    for e, episode in enumerate(episodes):
+        for coalition in coalitions:
+            for r in range(credit.rollouts):
+                jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
+                                       seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
+                                       reference=episode.reference(), prefix=episode.job.prefix,
+                                       memo=memos[e][r]))
+                keys.append((e, coalition))
+    played = player.play(jobs).episodes
+    sums: dict = {}
+    for key, result in zip(keys, played):
+        sums.setdefault(key, []).append(result.team_reward())
+    for (e, coalition), values in sums.items():
+        tables[e][coalition] = statistics.fmean(values)
+
+
+def credit_shares(credits, agents) -> dict[str, float]:
+    """credit/<agent>/share: each agent's summed credit over the batch's total (when it is positive)."""
+    kept = [c for c in credits if c is not None]
+    sums = {a: sum(c.values[a] for c in kept) for a in agents}
+    total = sum(sums.values())
+    metrics = {f"credit/{a}/mean": sums[a] / len(kept) for a in agents} if kept else {}
+    if total > 0:
+        metrics.update({f"credit/{a}/share": sums[a] / total for a in agents})
+    return metrics

@@ -1,0 +1,504 @@
+"""Load a scenario YAML into a checked `Scenario`, or report every problem as FILE:LINE:COL.
+
+    scenario = load_scenario("scenarios/relay.yaml", overrides=["train.lr=1e-4"])
+    scenario.tasks()          # list[marl.types.Task]
+
+Problems come in two passes: the shape (pydantic: unknown keys, missing keys, wrong types) and the
+meaning (unknown agents in the graph, cycles, tools, teams, import paths, task files). All problems
+of a pass are collected, so a user fixes a file in one go. Each is printed as
+`FILE:LINE:COL: key.path: what is wrong (how to fix it)`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from marl.scenario.graph import check_graph
+from judges.imports import resolve_callable
+from marl.scenario import checks as scenario_checks
+from marl.scenario.spec import ScenarioSpec, TaskSpec
+from marl.types import Task
+from marl.scenario.yaml_positions import MAX_BYTES, YamlSyntaxError, decode_yaml_bytes, load_with_positions, locate
+
+BUILTIN_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in a scenario: where it is and what to do about it."""
+
+    file: str
+    line: int
+    column: int
+    path: tuple
+    message: str
+
+    def __str__(self) -> str:
+        dotted = ".".join(str(part) for part in self.path) or "(file)"
+        return f"{self.file}:{self.line}:{self.column}: {dotted}: {self.message}"
+
+
+class ScenarioError(Exception):
+    """A scenario with problems; `problems` holds each one, str() gives one line per problem."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario: its spec and the directory its relative paths and imports resolve in."""
+
+    spec: ScenarioSpec
+    base_dir: Path
+    file: str = "<scenario>"
+    positions: dict = field(default_factory=dict, compare=False, repr=False)  # key path -> (line, column)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def resolve(self, reference: str):
+        """The callable named by a 'module:function' reference of this scenario."""
+        return resolve_callable(reference, self.base_dir)
+
+    def resolve_tool(self, reference: str):
+        """The tool function named by 'module:function', only from the scenario's folder or an allowed
+        module (marl.scenario.checks.resolve_tool); ValueError otherwise."""
+        return scenario_checks.resolve_tool(reference, self.base_dir)
+
+    def tasks(self) -> list[Task]:
+        """Every task of the scenario (inline, JSONL or generated), loaded once."""
+        if "tasks" not in self._cache:
+            self._cache["tasks"] = load_tasks(self)
+        return self._cache["tasks"]
+
+    def split(self) -> tuple[list[Task], list[Task]]:
+        """(training tasks, held-out evaluation tasks): the last `tasks.eval_count` are held out."""
+        tasks, held_out = self.tasks(), self.spec.tasks.eval_count
+        return (tasks[:-held_out], tasks[-held_out:]) if held_out else (tasks, [])
+
+    @cached_property
+    def agent_names(self) -> list[str]:
+        return [agent.name for agent in self.spec.agents]
+
+
+def find_scenario(name_or_path: str | Path) -> Path:
+    """A path to a scenario file: the path itself, or a built-in scenario by name ('relay')."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        return builtin
+    known = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"no scenario file {name_or_path!r} (built-in scenarios: {known})")
+
+
+def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str] = ()) -> Scenario:
+    """Load and check a scenario from a path, a built-in name, a dict or a spec; raise ScenarioError."""
+    if isinstance(source, ScenarioSpec):
+        return _checked(source, {}, Path.cwd(), "<spec>", set())
+    if isinstance(source, dict):
+        data, positions, file, base_dir = source, {}, "<dict>", Path.cwd()
+    else:
+        path = find_scenario(source)
+        file, base_dir = str(path), path.resolve().parent
+        try:
+            data, positions = load_with_positions(_read_text(path))
+        except YamlSyntaxError as error:
+            raise ScenarioError([Problem(file, error.line, error.column, error.path, error.message)]) from None
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem(file, 1, 1, (), "a scenario file must be a mapping of sections "
+                                     "(name, agents, tasks, rewards, ...)")])
+    data, overridden = apply_overrides(data, overrides, file)
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as error:
+        problems = [_shape_problem(e, data, positions, file, overridden) for e in error.errors()]
+        raise ScenarioError(problems) from None
+    return _checked(spec, positions, base_dir, file, overridden)
+
+
+def _read_text(path: Path) -> str:
+    """The text of a scenario file: bounded in size, UTF-8 (YamlSyntaxError otherwise)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise YamlSyntaxError(1, 1, f"cannot read the file ({error.strerror or error})") from None
+    return decode_yaml_bytes(data)
+
+
+def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, set]:
+    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set.
+
+    A path may go through mappings (created when missing) and existing list entries (`agents.0.name`);
+    anything else (`name.x`, `agents.9.name`, a value that is not YAML) is a ScenarioError.
+    """
+    data = copy.deepcopy(data)
+    overridden = set()
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
+        if "=" not in item or not all(str(part) for part in path):
+            raise _override_error(file, key, f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
+        try:
+            value = load_with_positions(raw)[0]
+        except YamlSyntaxError as error:
+            raise _override_error(file, key, f"--set {item!r}: the value is not valid YAML ({error.message}); "
+                                             "quote text, e.g. KEY=\"'[1'\"") from None
+        _set_path(data, path, value, item, file)
+        overridden.add(path)
+    return data, overridden
+
+
+def _override_error(file: str, key: str, message: str) -> ScenarioError:
+    key = key.strip()
+    label = f"{file} (--set {key})" if key else file
+    return ScenarioError([Problem(label, 0, 0, tuple(key.split(".")) if key else (), message)])
+
+
+def _set_path(data, path: tuple, value, item: str, file: str) -> None:
+    """data[path] = value, through existing mappings and list entries; ScenarioError where it cannot go."""
+    node, key = data, ".".join(map(str, path))
+    for depth, part in enumerate(path):
+        where = ".".join(map(str, path[:depth])) or "the file"
+        last = depth == len(path) - 1
+        if isinstance(node, dict):
+            part = str(part)
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        elif isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                span = f"indices 0-{len(node) - 1}" if node else "none"
+                raise _override_error(file, key, f"--set {item!r}: {where} is a list of {len(node)} entries "
+                                                 f"({span}); {part!r} is not one of them")
+            if last:
+                node[part] = value
+            else:
+                node = node[part]
+        else:
+            raise _override_error(file, key, f"--set {item!r}: {where} is a {type(node).__name__} ({node!r:.40}), "
+                                             f"not a section with keys; set {where}=VALUE instead")
+
+
+def _where(path, positions, file, overridden) -> tuple[str, int, int]:
+    for prefix in overridden:
+        if tuple(path[:len(prefix)]) == prefix:
+            return f"{file} (--set {'.'.join(map(str, prefix))})", 0, 0
+    line, column = locate(positions, path)
+    return file, line, column
+
+
+def _data_path(loc: tuple, data: Any) -> tuple:
+    """The prefix of a pydantic error location that really indexes into the data."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and not path[-1:] == [part]:
+            path.append(part)  # a missing key: point at it by name
+            break
+        else:
+            break
+        path.append(part)
+    return tuple(path)
+
+
+def _allowed_keys(path: tuple) -> list[str]:
+    model: Any = ScenarioSpec
+    for part in path:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return []
+        model = _model_of(fields[part].annotation)
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _model_of(annotation) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in getattr(annotation, "__args__", ()):
+        found = _model_of(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
+    kind, loc = error["type"], tuple(error["loc"])
+    path = _data_path(loc, data)
+    if kind == "extra_forbidden":
+        allowed = ", ".join(_allowed_keys(path[:-1]))
+        message = f"unknown key {path[-1]!r} (remove it or fix its spelling; allowed here: {allowed})"
+    elif kind == "missing":
+        message = f"required key {loc[-1]!r} is missing (add it)"
+        path = path if path and path[-1] == loc[-1] else path + (loc[-1],)
+    else:
+        got = error.get("input")
+        shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        message = f"{error['msg'].removeprefix('Value error, ')} (got {shown})"
+        if got is None and any(path[:len(p)] == p for p in overridden):
+            message += "; --set values are YAML, where null and ~ mean nothing: quote a word, e.g. KEY=\"'null'\""
+    file_label, line, column = _where(path, positions, file, overridden)
+    return Problem(file_label, line, column, path, message)
+
+
+def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden: set) -> Scenario:
+    scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions)
+    problems = [Problem(*_where(path, positions, file, overridden), path, message)
+                for path, message in check_semantics(scenario)]
+    if problems:
+        raise ScenarioError(problems)
+    return scenario
+
+
+def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
+    """Cross-reference problems as (key path, message) pairs; empty when the scenario is sound."""
+    spec, names = scenario.spec, scenario.agent_names
+    problems = []
+    seen = set()
+    for index, agent in enumerate(spec.agents):
+        if agent.name in seen:
+            problems.append((("agents", index, "name"), f"duplicate agent name {agent.name!r} (names must be unique)"))
+        seen.add(agent.name)
+        tool_names = {tool.name for tool in spec.tools}
+        for j, tool in enumerate(agent.tools):
+            if tool not in tool_names:
+                problems.append((("agents", index, "tools", j), f"unknown tool {tool!r} (declare it under `tools` "
+                                 f"or remove it; declared: {', '.join(sorted(tool_names)) or 'none'})"))
+    problems += [(("graph",) + p.path, p.message) for p in check_graph(names, spec.graph)]
+    problems += _team_problems(spec, names)
+    problems += _policy_problems(scenario)
+    problems += _reward_problems(scenario)
+    problems += _reference_problems(scenario)
+    problems += _template_problems(spec, names)
+    if spec.graph.end_on is not None and (problem := scenario_checks.pattern_problem(spec.graph.end_on)):
+        problems.append((("graph", "end_on"), f"{problem} (graph.end_on is matched against whole messages)"))
+    return problems
+
+
+def _policy_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    """Every agent's policy names something that can play it (checked before any model is built)."""
+    problems = []
+    for index, agent in enumerate(scenario.spec.agents):
+        path, policy = ("agents", index, "policy"), agent.policy
+        if policy.startswith("openai:"):
+            if agent.base_url is None:
+                problems.append((("agents", index, "base_url"), f"policy {policy!r} needs base_url (the "
+                                                                "OpenAI-compatible endpoint's URL)"))
+        elif policy in ("shared", "own", "expert", "null", "random") or ":" in policy:
+            continue
+        elif not ((scenario.base_dir / policy) / "config.json").exists():
+            problems.append((path, f"{policy!r} is not shared, own, expert, null, random, module:function, "
+                                   "openai:MODEL or a Hugging Face model directory (no config.json there)"))
+    return problems
+
+
+def _team_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:
+    if spec.mode != "mixed":
+        return [(("teams",), "teams are only read in mode 'mixed' (remove them or set mode: mixed)")] \
+            if spec.teams else []
+    if not spec.teams or len(spec.teams) < 2:
+        return [(("teams",), "mode 'mixed' needs at least two teams (team name -> list of agents)")]
+    problems, placed = [], {}
+    for team, members in spec.teams.items():
+        for j, name in enumerate(members):
+            if name not in names:
+                problems.append((("teams", team, j), f"unknown agent {name!r} (known: {', '.join(names)})"))
+            elif name in placed:
+                problems.append((("teams", team, j), f"agent {name!r} is already in team {placed[name]!r}"))
+            placed.setdefault(name, team)
+    missing = [name for name in names if name not in placed]
+    if missing:
+        problems.append((("teams",), f"agents without a team: {', '.join(missing)} (add each to one team)"))
+    return problems
+
+
+def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    from judges.rules.registry import KNOWN_KINDS, build_scorer
+
+    rewards, names = scenario.spec.rewards, scenario.agent_names
+    judge_names = {judge.name for judge in scenario.spec.judges}
+    problems = []
+    if rewards.answer_from is not None and rewards.answer_from not in names:
+        problems.append((("rewards", "answer_from"), f"unknown agent {rewards.answer_from!r} (known: {', '.join(names)})"))
+    problems += _blend_problems(rewards, judge_names)
+    for layer in ("outcome", "process", "format", "penalties"):
+        for index, scorer in enumerate(getattr(rewards, layer)):
+            path = ("rewards", layer, index)
+            if scorer.agent is not None and scorer.agent not in names:
+                problems.append((path + ("agent",), f"unknown agent {scorer.agent!r} (known: {', '.join(names)})"))
+            if scorer.kind in judge_names:
+                problems += _judge_use_problems(scenario, scorer, path)
+                continue
+            if scorer.kind not in KNOWN_KINDS:
+                problems.append((path + ("kind",), f"unknown scorer kind {scorer.kind!r} (rule kinds: "
+                                 f"{', '.join(KNOWN_KINDS)}; or the name of a judge under `judges`)"))
+                continue
+            database = scorer.params().get("database") if scorer.kind == "sql" else None
+            if database is not None and (problem := scenario_checks.database_problem(database, scenario.base_dir)):
+                problems.append((path + ("database",), problem))
+                continue
+            try:
+                build_scorer(scorer.kind, scorer.params(), scenario.base_dir)
+            except (ValueError, TypeError) as error:
+                problems.append((path, f"{scorer.kind}: {error}"))
+    return problems
+
+
+def _blend_problems(rewards, judge_names: set) -> list[tuple[tuple, str]]:
+    """rewards.blend must name one rule verifier and one judge, the outcome layer's only scorers."""
+    blend = rewards.blend
+    if blend is None:
+        return []
+    kinds = [scorer.kind for scorer in rewards.outcome]
+    problems = []
+    if blend.judge not in judge_names:
+        problems.append((("rewards", "blend", "judge"), f"{blend.judge!r} is not a judge under `judges` "
+                                                        f"(judges: {', '.join(sorted(judge_names)) or 'none'})"))
+    if blend.rule in judge_names:
+        problems.append((("rewards", "blend", "rule"), f"{blend.rule!r} is a judge; give a rule verifier kind"))
+    if sorted(kinds) != sorted([blend.rule, blend.judge]):
+        problems.append((("rewards", "outcome"), f"with rewards.blend the outcome layer holds exactly the rule "
+                                                 f"{blend.rule!r} and the judge {blend.judge!r} (it has: "
+                                                 f"{', '.join(kinds) or 'nothing'})"))
+    return problems
+
+
+def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[tuple, str]]:
+    judge = next(j for j in scenario.spec.judges if j.name == scorer.kind)
+    index = scenario.spec.judges.index(judge)
+    problems = []
+    if scorer.params():
+        problems.append((path, f"a judge scorer takes no parameters (got {sorted(scorer.params())}); "
+                               f"configure judge {judge.name!r} under `judges`"))
+    if judge.mode != "pointwise":
+        problems.append((("judges", index, "mode"), f"judge {judge.name!r} scores a reward layer, which needs mode "
+                                                    "'pointwise' (pairwise and listwise compare candidates)"))
+    if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():
+        problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} not found next to the "
+                                                           "scenario (fit one with `marl judges calibrate`)"))
+    return problems
+
+
+def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    spec, problems = scenario.spec, []
+    references = [(("expert",), spec.expert, scenario.resolve), (("tasks", "generator"), spec.tasks.generator,
+                                                                    scenario.resolve)]
+    references += [(("tools", i, "function"), tool.function, scenario.resolve_tool) for i, tool in enumerate(spec.tools)]
+    for path, reference, resolve in references:
+        if reference is None:
+            continue
+        late = (f"importing the module of {reference} did not finish within {spec.tasks.timeout_s:g} s (look "
+                "for code that runs at import; or raise tasks.timeout_s)")
+        try:  # bounded: a scenario module may hang as it loads
+            scenario_checks.call_within(lambda: resolve(reference), spec.tasks.timeout_s, late)
+        except scenario_checks.GeneratorProblem as problem:
+            problems.append((path, str(problem)))
+        except ValueError as error:
+            fix = "" if str(error).endswith("next to the scenario") else " (fix the 'module:function' path)"
+            problems.append((path, f"{error}{fix}"))
+    if spec.tasks.jsonl is not None and not (scenario.base_dir / spec.tasks.jsonl).is_file():
+        problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} not found next to the scenario "
+                         f"(looked in {scenario.base_dir})"))
+    return problems
+
+
+def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:
+    """Observation templates use known fields and bounded format specs (marl.scenario.checks)."""
+    problems = []
+    for index, agent in enumerate(spec.agents):
+        for message in scenario_checks.template_problems(agent.observation or "", names):
+            problems.append((("agents", index, "observation"), message))
+    return problems
+
+
+def load_tasks(scenario: Scenario) -> list[Task]:
+    """The scenario's tasks as `Task` objects, with ids (`<scenario>-<n>` unless given)."""
+    spec = scenario.spec.tasks
+    if spec.inline is not None:
+        raw = [task.model_dump() for task in spec.inline]
+    elif spec.jsonl is not None:
+        raw = _read_jsonl(scenario.base_dir / spec.jsonl)
+    else:
+        raw = _generate(scenario)
+    tasks = []
+    for index, item in enumerate(raw):
+        try:
+            item = TaskSpec.model_validate(item)
+        except ValidationError as error:
+            raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), f"task {index} is malformed: "
+                                         f"{_first_line(error)} (fix the task source)")]) from None
+        tasks.append(task_from_spec(item, f"{scenario.spec.name}-{index}"))
+    if not tasks:
+        raise ScenarioError([Problem(scenario.file, 1, 1, ("tasks",), "the scenario produced no tasks")])
+    return tasks
+
+
+def _first_line(error: Exception) -> str:
+    return " ".join(str(error).split("\n")[:3])
+
+
+def _generate(scenario: Scenario) -> list[dict]:
+    """Call the task generator under tasks.timeout_s; any failure becomes a ScenarioError naming it."""
+    spec = scenario.spec.tasks
+    try:
+        def generator(seed, count):  # the import runs under the timeout too: a module may hang as it loads
+            return scenario.resolve(spec.generator)(seed=seed, count=count)
+
+        return scenario_checks.run_generator(generator, spec.generator, spec.seed, spec.count, spec.timeout_s)
+    except scenario_checks.GeneratorProblem as problem:
+        message = str(problem)
+    except Exception as error:  # noqa: BLE001 - user code: report it, never a traceback
+        message = f"{spec.generator} raised {type(error).__name__}: {_first_line(error)} (fix the generator)"
+    line, column = locate(scenario.positions, ("tasks", "generator"))
+    raise ScenarioError([Problem(scenario.file, line, column, ("tasks", "generator"), message)])
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows, problems = [], []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"the file is not UTF-8 (byte "
+                                     f"{error.start}); save it as UTF-8")]) from None
+    except OSError as error:
+        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"cannot read the file "
+                                     f"({error.strerror or error})")]) from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(TaskSpec.model_validate(json.loads(line)).model_dump())
+        except (json.JSONDecodeError, ValidationError, RecursionError) as error:
+            problems.append(Problem(str(path), number, 1, ("tasks", "jsonl"), f"bad task line: {error}".splitlines()[0]))
+    if problems:
+        raise ScenarioError(problems)
+    return rows
+
+
+def task_from_spec(item: TaskSpec, default_id: str) -> Task:
+    """A validated TaskSpec as a Task (`default_id` when the spec has no id)."""
+    return Task(id=item.id or default_id, prompt=item.prompt, answer=item.answer, metadata=dict(item.metadata),
+                difficulty=item.difficulty, variants=tuple(_variant(v) for v in item.variants))
+
+
+def _variant(variant) -> str | dict:
+    """A TaskSpec variant as Task data: the prompt string, or a dict of the fields it sets."""
+    if isinstance(variant, str):
+        return variant
+    return variant.model_dump(exclude_none=True, exclude_defaults=True)

@@ -1,0 +1,316 @@
+"""The scenario schema: strict, typed, documented models of a scenario YAML file.
+
+Every section owns its fields and defaults; unknown keys are errors. The shape is checked here by
+pydantic; cross-references (agent names in the graph, tools, teams, imports) are checked by
+`marl.scenario.load.check_semantics`, and both kinds of problem are reported as `FILE:LINE:COL: key.path:
+what is wrong (how to fix it)` by `marl.scenario.load.load_scenario`.
+
+Sections whose meaning later modules give (`credit`, `judges`, `train`) are validated for shape here
+so that a typo fails at load time, not an hour into a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
+MAX_TASKS = 1_000_000  # tasks asked of a generator
+
+
+class Strict(BaseModel):
+    """Base of every section: unknown keys are rejected and specs are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .inf/.nan are never settings
+
+
+class AgentSpec(Strict):
+    """One agent of the scenario."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="identifier used by the graph, tools and rewards")
+    role: str = Field("", description="role / system prompt; keep it a short tag for the tiny model")
+    policy: str = Field("shared", description="'shared' (the scenario's one model, role-conditioned), 'own' (a "
+                                               "copy of it for this agent alone), a local model directory, a "
+                                               "scripted policy (expert, null, random, module:function) or "
+                                               "'openai:MODEL' (an OpenAI-compatible endpoint, always frozen)")
+    trainable: bool = Field(True, description="false freezes this agent: it plays but is never updated "
+                                              "(scripted and endpoint policies are always frozen)")
+    base_url: str | None = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL")
+    api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
+    tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
+    max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn")
+    observation: str | None = Field(
+        None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
+                          "{task.KEY} (task metadata), {msg.AGENT} (that agent's last visible message)")
+
+
+class GraphSpec(Strict):
+    """Who sees whom and who speaks when."""
+
+    edges: list[tuple[str, str]] | None = Field(
+        None, description="[speaker, listener] pairs: the listener sees the speaker's messages; "
+                          "omitted = everyone sees everyone")
+    order: Literal["round_robin", "topological", "schedule"] = Field(
+        "round_robin", description="round_robin over `agents`; topological over the edges (a DAG, agents of one "
+                                   "layer act together); or the explicit `schedule`")
+    schedule: list[str | list[str]] | None = Field(
+        None, description="with order=schedule: the turns of one round; a list entry = agents acting together")
+    rounds: int = Field(1, ge=1, le=MAX_ROUNDS, description="rounds of the turn order before the episode ends")
+    end_on: str | None = Field(None, description="regex (RE2 syntax: linear-time matching, no backreferences or "
+                                                 "lookaround); the episode ends early when a message fully "
+                                                 "matches it")
+
+
+class TaskVariant(Strict):
+    """Another wording of a task: a new prompt and/or metadata fields (observations built from metadata)."""
+
+    prompt: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskSpec(Strict):
+    """One inline task."""
+
+    id: str | None = None
+    prompt: str
+    answer: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    difficulty: float | None = None
+    variants: list[str | TaskVariant] = Field(default_factory=list, description="other wordings: a prompt, or "
+                                                                          "{prompt, metadata} overrides")
+
+
+class TasksSpec(Strict):
+    """Where the tasks come from: exactly one of inline, jsonl, generator."""
+
+    inline: list[TaskSpec] | None = None
+    jsonl: str | None = Field(None, description="path of a JSONL file, relative to the scenario file")
+    generator: str | None = Field(None, description="'module:function' called as function(seed=..., count=...)")
+    seed: int = 0
+    count: int = Field(100, ge=1, le=MAX_TASKS, description="tasks asked of a generator")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds the generator (and importing "
+                                                                "the scenario's modules) may take before validation "
+                                                                "reports it")
+    eval_count: int = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [name for name in ("inline", "jsonl", "generator") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of inline, jsonl, generator (got {given or 'none'})")
+        return self
+
+
+class ToolDecl(Strict):
+    """A tool agents may call."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    function: str = Field(description="'module:function' (module relative to the scenario file first)")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                                       description="JSON schema of the arguments")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="seconds a call may take (it then fails)")
+
+
+class ScorerSpec(BaseModel):
+    """A rule verifier (or, later, a judge) in a reward layer: `kind` plus that kind's parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    kind: str = Field(description="exact, numeric, regex, contains, json_schema, callable, sql, code_tests, "
+                                  "tool_use, process, format (or a judge name from `judges`)")
+    weight: float = Field(1.0, ge=0, description="weight within its layer")
+    agent: str | None = Field(None, description="score this agent's last message (default: rewards.answer_from)")
+
+    def params(self) -> dict[str, Any]:
+        """The kind-specific parameters (everything but kind, weight, agent)."""
+        return dict(self.model_extra or {})
+
+
+class PenaltySpec(ScorerSpec):
+    """A penalty: `amount` is subtracted when the scorer's score is below 1."""
+
+    amount: float = Field(gt=0)
+
+
+class LayerWeights(Strict):
+    """Weights of the reward layers."""
+
+    outcome: float = Field(0.6, ge=0)
+    process: float = Field(0.3, ge=0)
+    format: float = Field(0.1, ge=0)
+
+
+class BlendSpec(Strict):
+    """Blend a rule verifier and a model judge of the outcome layer into one outcome score."""
+
+    rule: str = Field(description="kind of the outcome layer's rule verifier (it applies to tasks with an answer)")
+    judge: str = Field(description="name of the outcome layer's judge (from `judges`)")
+    mode: Literal["gate", "sum"] = Field("gate", description="gate: the rule where it applies, the judge "
+                                                            "elsewhere; sum: weighted sum where both decide")
+    weights: tuple[float, float] = Field((1.0, 1.0), description="(rule, judge) weights of mode 'sum'")
+    shrink: bool = Field(True, description="shrink judge-sourced outcomes toward their task group's mean in "
+                                           "proportion to the judge's uncertainty (training, cooperative)")
+    default_variance: float = Field(0.02, ge=0, description="variance of a judge score without label "
+                                                            "probabilities")
+
+
+class RewardsSpec(Strict):
+    """How an episode is scored: layered rule verifiers and judges, plus penalties."""
+
+    weights: LayerWeights = Field(default_factory=LayerWeights)
+    normalize: bool = Field(True, description="divide by the total weight of the layers that have scorers, so "
+                                              "the best total is 1; false keeps raw weighted sums")
+    outcome: list[ScorerSpec] = Field(default_factory=list)
+    process: list[ScorerSpec] = Field(default_factory=list)
+    format: list[ScorerSpec] = Field(default_factory=list)
+    penalties: list[PenaltySpec] = Field(default_factory=list)
+    answer_from: str | None = Field(None, description="agent whose last message is the team answer "
+                                                      "(default: the last agent to speak)")
+    blend: BlendSpec | None = Field(None, description="blend the outcome layer's rule and judge (see marl.blend)")
+    process_credit_when_correct: float = Field(
+        1 / 3, ge=0, le=1, description="process score given to a correct answer that shows no process markers")
+
+    @model_validator(mode="after")
+    def _something_to_score(self):
+        if not (self.outcome or self.process or self.format):
+            raise ValueError("rewards need at least one scorer in outcome, process or format")
+        return self
+
+
+class CreditSpec(Strict):
+    """Credit assignment (meaning given by the credit module)."""
+
+    method: Literal["team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core"] = "team"
+    estimator: Literal["auto", "exact", "permutation", "antithetic", "tmc", "stratified", "kernel"] = "auto"
+    budget: int | None = Field(None, ge=1, description="coalition evaluations per episode")
+    absent: Literal["skip_turn", "null_message", "default_policy", "resample", "replay", "mask"] = "null_message"
+    unions: dict[str, list[str]] | None = Field(None, description="Owen value: a priori unions of agents")
+    default_policy: str | None = Field(None, description="absent=default_policy: 'module:function' speaking for "
+                                                         "absent agents")
+    rollouts: int = Field(1, ge=1, description="rollouts per coalition")
+    seed: int = 0
+
+
+class JudgeSpec(Strict):
+    """A model judge (meaning given by the judges module)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    backend: Literal["openai", "local", "simulated"] = "openai"
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+    mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"
+    rubric: str | None = None
+    scale: tuple[int, int] = (1, 10)
+    calibration: str | None = Field(None, description="path of a calibration JSON for this judge")
+    concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class TrackingSpec(Strict):
+    """Experiment tracking."""
+
+    tracker: Literal["wandb", "jsonl", "none"] = "wandb"
+    project: str = "marl"
+
+
+class SelfPlaySpec(Strict):
+    """Self-play of competitive scenarios: the learner against its past snapshots."""
+
+    enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
+    pool_size: int = Field(8, ge=1, description="past snapshots kept in the opponent pool")
+    snapshot_every: int = Field(10, ge=1, description="steps between snapshots added to the pool")
+    strategy: Literal["latest", "uniform", "prioritised"] = "prioritised"
+    self_play_fraction: float = Field(0.5, ge=0, le=1, description="share of steps the learner plays itself "
+                                                                   "(the rest: a sampled snapshot)")
+    ratings: Literal["elo", "trueskill"] = "elo"
+
+
+class WarmupSpec(Strict):
+    """Stage 1: SFT on expert demonstrations until the format is right, then a short low-lr RL check."""
+
+    sft_max_steps: int = Field(300, ge=0, description="most SFT steps (0: no SFT)")
+    sft_lr: float = Field(1e-3, gt=0)
+    sft_batch_size: int = Field(32, ge=1)
+    format_target: float = Field(0.9, ge=0, le=1, description="stop SFT once this share of sampled messages "
+                                                              "passes the format layer")
+    rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
+    rl_lr_scale: float = Field(0.1, gt=0, le=1)
+    samples_shown: int = Field(4, ge=0)
+
+
+class ReflectionSpec(Strict):
+    """Stage 3: tasks whose reward stayed low are retried with the failure reason in the prompt."""
+
+    steps: int = Field(20, ge=0)
+    threshold: float = Field(0.5, ge=0, le=1, description="tasks whose pass rate is below this are retried")
+    retry_discount: float = Field(0.9, gt=0, le=1, description="a corrected answer earns this x a first-try one")
+
+
+class SafetySpec(Strict):
+    """Stage 4: adversarial tasks with penalties for fabrication and ignored constraints."""
+
+    steps: int = Field(20, ge=0)
+    generator: str | None = Field(None, description="'module:function' of adversarial tasks; default: the "
+                                                    "built-in perturbations of the training tasks")
+    fabrication_penalty: float = Field(0.5, ge=0)
+    constraint_penalty: float = Field(0.5, ge=0)
+
+
+class TrainSpec(Strict):
+    """Training settings (meaning given by the trainer; names follow trainers.grpo.config.GRPOConfig)."""
+
+    steps: int = Field(100, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(5e-5, gt=0)
+    beta: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    buckets: int = Field(3, ge=1)
+    floor_reward: float = Field(0.05, ge=0)
+    diversity_penalty: float = Field(0.0, ge=0)
+    seed: int = 0
+    threads: int = Field(1, ge=1)
+    stages: list[Literal["warmup", "main", "reflection", "safety"]] = Field(
+        default_factory=lambda: ["warmup", "main"])
+    model: str = Field("tiny", description="'tiny' (the embedded default, built locally) or a local Hugging Face "
+                                           "causal-LM directory")
+    checkpoint_every: int = Field(10, ge=1)
+    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
+                                                          "(default: all of tasks.eval_count)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    mu: int = Field(1, ge=1)
+    max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
+                                       "episodes over the last 5 steps had masked rewards (1 never stops)")
+    selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)
+    safety: SafetySpec = Field(default_factory=SafetySpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+
+class ScenarioSpec(Strict):
+    """A whole scenario file."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    mode: Literal["cooperative", "competitive", "mixed"] = Field(
+        "cooperative", description="cooperative: one team reward; competitive: zero-sum between agents; "
+                                   "mixed: zero-sum between `teams`")
+    teams: dict[str, list[str]] | None = Field(None, description="mixed mode: team name -> agent names")
+    agents: list[AgentSpec] = Field(min_length=1)
+    graph: GraphSpec = Field(default_factory=GraphSpec)
+    tasks: TasksSpec
+    expert: str | None = Field(None, description="'module:function' called as function(agent, observation, task)")
+    tools: list[ToolDecl] = Field(default_factory=list)
+    rewards: RewardsSpec
+    credit: CreditSpec = Field(default_factory=CreditSpec)
+    judges: list[JudgeSpec] = Field(default_factory=list)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    observation_max_chars: int = Field(512, ge=16, le=1_000_000, description="observations are clipped to this (most recent kept)")
+    action_max_chars: int = Field(256, ge=1, le=1_000_000, description="an agent's message is clipped to this")
+    max_tool_calls_per_turn: int = Field(4, ge=0, le=64)

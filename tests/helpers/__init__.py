@@ -1,0 +1,1 @@
+"""Test helpers shared by every test room (imported as `helpers.<module>`)."""

@@ -1,0 +1,96 @@
+"""The `marl` command: clear errors without tracebacks, and the demo run end to end with resume."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _marl(*args, cwd=None, wandb_home=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    env.pop("WANDB_API_KEY", None)
+    if wandb_home is not None:  # keep W&B's own config, cache and staging inside the test's directory
+        env.update({var: str(wandb_home / var.lower()) for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR",
+                                                                   "WANDB_DATA_DIR")})
+    return subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "grpo.nope=1"], "unknown key 'nope'"),
+    (["--set", "grpo.lr=fast"], "grpo.lr=fast"),
+    (["--set", "grpo.loss_type=ppo"], "loss_type='ppo'"),
+    (["--set", "grpo.group_size=1"], "group_size=1"),
+    (["--set", "lr"], "expected KEY=VALUE"),
+    (["--model", "/nonexistent/model"], "not a Hugging Face model directory"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(args, message, tmp_path):
+    result = _marl("demo", "--out", str(tmp_path / "run"), *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir, tmp_path):
+    out = tmp_path / "run"
+    first = _marl("demo", "--out", str(out), "--steps", "2", "--set", "checkpoint_every=1", wandb_home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "held-out accuracy before" in first.stdout and "held-out accuracy after" in first.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0 <= summary["after"]["greedy"] <= 1
+    assert "![Reward and team success](plots/reward.png)" in (out / "report.md").read_text()
+    assert (out / "plots" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list(out.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # an offline W&B run, no key needed
+
+    again = _marl("demo", "--out", str(out), "--steps", "2")
+    assert again.returncode == 2 and "--resume" in again.stderr  # nothing already written is lost
+    metrics = (out / "metrics.jsonl").read_bytes()
+    changed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "grpo.lr=0.5",
+                    "--tracker", "jsonl")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1 and "different config" in changed.stderr
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+
+    resumed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--tracker", "jsonl")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(demo_model_dir, tmp_path):
+    import signal
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "trainers.cli.main", "demo", "--out", str(out), "--steps", "400",
+                                "--tracker", "jsonl"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stdout:  # the progress line for step 5 means training is under way
+        if "step 5/400" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    rest, errors = process.communicate(timeout=120)
+    assert process.returncode == 130, errors
+    assert "Traceback" not in errors and "checkpoint written at step" in rest
+    stopped_at = int(rest.split("checkpoint written at step ")[1].split(";")[0])
+    assert 5 <= stopped_at < 400
+
+    resumed = _marl("demo", "--out", str(out), "--steps", str(stopped_at + 3), "--resume", "--tracker", "jsonl")
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, stopped_at + 4))
+
+
+def test_resume_drops_metric_rows_past_the_checkpoint_and_a_torn_last_line(tmp_path):
+    from trainers.runs.report import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"train/step": s, "train/reward": 0.5}) + "\n" for s in (1, 2, 3))
+                    + '{"train/step": 4, "train/rew')  # the process died mid-write
+    truncate_metrics(path, steps_done=2)
+    assert [json.loads(line)["train/step"] for line in path.read_text().splitlines()] == [1, 2]

@@ -1,0 +1,59 @@
+"""The lockstep player's counterfactual replays: recorded messages reused while unchanged, and fresh
+samples shared across the coalitions of one episode (common random numbers)."""
+
+from __future__ import annotations
+
+from marl.policies import get_policy, null_policy, random_policy
+from marl.scenario.load import load_scenario
+from trainers.policy.actors import ScriptedActor
+from marl.rollout import EpisodeJob, EpisodePlayer
+
+
+def _relay_player():
+    scenario = load_scenario("relay", ["credit.absent=default_policy", "credit.default_policy=relay_lib:expert"])
+    expert = get_policy("expert", scenario)
+    actors = {"left": ScriptedActor("left", null_policy), "right": ScriptedActor("right", expert),
+              "final": ScriptedActor("final", random_policy(seed=3, max_chars=4))}
+    return scenario, EpisodePlayer(scenario, actors, {a: a for a in actors})
+
+
+def _replays(player, episode, memo):
+    coalitions = [frozenset({"final"}), frozenset({"right", "final"})]
+    jobs = [EpisodeJob(episode.job.task, 100 + i, coalition=c, absent_mode="default_policy",
+                       reference=episode.reference(), memo=memo) for i, c in enumerate(coalitions)]
+    return [{t.agent: t for t in e.turns} for e in player.play(jobs).episodes]
+
+
+def test_replays_of_one_episode_share_their_fresh_samples():
+    scenario, player = _relay_player()
+    [episode] = player.play([EpisodeJob(scenario.tasks()[0], 0)]).episodes
+    first, second = _replays(player, episode, memo={})
+    # left is absent in both, so the expert speaks for it; right's real message equals the expert's:
+    # final sees the same new observation in both coalitions and must say the same thing
+    assert first["final"].observation == second["final"].observation != episode.turns[-1].observation
+    assert first["final"].text == second["final"].text
+    assert first["right"].text == episode.reference()[(0, "right")].text  # unchanged input: recorded message
+
+
+def test_without_a_shared_memo_the_replays_draw_independently():
+    scenario, player = _relay_player()
+    [episode] = player.play([EpisodeJob(scenario.tasks()[0], 0)]).episodes
+    draws = [_replays(player, episode, memo=None) for _ in range(5)]
+    assert any(first["final"].text != second["final"].text for first, second in draws)
+
+
+def test_coalitions_a_sampled_estimator_asks_for_later_share_the_episodes_samples():
+    """Permutation sampling asks for coalitions one at a time; their replays still share fresh samples,
+    so a silent agent, whose absence changes nothing, gets exactly zero credit."""
+    from marl.scenario.spec import CreditSpec
+    from marl.credit.replay import episode_credits
+
+    scenario = load_scenario("relay")
+    actors = {"left": ScriptedActor("left", get_policy("expert", scenario)),
+              "right": ScriptedActor("right", null_policy),
+              "final": ScriptedActor("final", random_policy(seed=5, max_chars=3))}
+    player = EpisodePlayer(scenario, actors, {a: a for a in actors})
+    episodes = player.play([EpisodeJob(task, i) for i, task in enumerate(scenario.tasks()[:6])]).episodes
+    credit = CreditSpec(method="shapley", estimator="permutation", budget=6, absent="null_message")
+    estimates = episode_credits(player, episodes, credit)
+    assert all(estimate.values["right"] == 0.0 for estimate in estimates)

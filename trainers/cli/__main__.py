@@ -1,0 +1,3 @@
+from trainers.cli.main import main
+
+raise SystemExit(main())

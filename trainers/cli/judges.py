@@ -1,0 +1,308 @@
+"""`marl judges report` and `marl judges calibrate`: probe a judge endpoint, fit a calibrator.
+
+Items file (JSONL), one object per line:
+    {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], "gold": 0}
+`gold` (optional) is the index of the better candidate, or a score in [0, 1] of the first one.
+A gold file (`--gold`) may instead give {"id": "q1", "gold": 0} lines.
+
+These commands need no torch. Every bad input is one line on stderr and exit status 2, and every
+option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
+`--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
+the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
+for them again. The report is strict JSON (no NaN or Infinity), written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+
+class JudgeCliError(Exception):
+    """A user-facing problem: printed as one line, exit status 2."""
+
+
+def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
+    """ReportItems from a JSONL file (and an optional gold file), with FILE:LINE errors."""
+    from judges.stats.bias_report import ReportItem
+
+    items, golds = [], _read_gold(gold_path) if gold_path else {}
+    for number, line in _lines(path):
+        data = _json_line(path, number, line)
+        candidates = data.get("candidates")
+        if not isinstance(data.get("prompt"), str) or not isinstance(candidates, list) or not candidates \
+                or not all(isinstance(c, str) for c in candidates):
+            raise JudgeCliError(f"{path}:{number}: each line needs 'prompt' (a string) and 'candidates' "
+                                "(a non-empty list of strings)")
+        item_id = str(data.get("id", number))
+        gold = golds.get(item_id, data.get("gold"))
+        if gold is not None and not (isinstance(gold, int | float) and not isinstance(gold, bool)):
+            raise JudgeCliError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
+        items.append(ReportItem(id=item_id, prompt=data["prompt"], candidates=tuple(candidates), gold=gold))
+    if not items:
+        raise JudgeCliError(f"{path}: no items (expected one JSON object per line)")
+    return items
+
+
+def _lines(path):
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise JudgeCliError(f"cannot read {path}: {error.strerror or error}") from None
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def _json_line(path, number, line) -> dict:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise JudgeCliError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(data, dict):
+        raise JudgeCliError(f"{path}:{number}: expected a JSON object")
+    return data
+
+
+def _read_gold(path) -> dict:
+    golds = {}
+    for number, line in _lines(path):
+        data = _json_line(path, number, line)
+        if "id" not in data or "gold" not in data:
+            raise JudgeCliError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
+        golds[str(data["id"])] = data["gold"]
+    return golds
+
+
+# -- options, checked before any call ------------------------------------------------------------------------
+def _check_numbers(args) -> None:
+    """JudgeCliError for the first numeric option out of range."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise JudgeCliError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
+    checks = [("--concurrency", args.concurrency, 1, "requests in flight at once, e.g. --concurrency 8"),
+              ("--retries", args.retries, 0, "retries after a failed call (0 = none), e.g. --retries 4"),
+              ("--max-tokens", args.max_tokens, 1, "tokens per judge answer, e.g. --max-tokens 512")]
+    if getattr(args, "per_kind", None) is not None:
+        checks.append(("--per-kind", args.per_kind, 1, "probes per kind, e.g. --per-kind 100"))
+    for flag, value, low, meaning in checks:
+        if value < low:
+            raise JudgeCliError(f"{flag} {value}: must be >= {low} ({meaning})")
+
+
+def _writable_file(flag: str, value: str) -> Path:
+    """The path `value` given to `flag`, ready to be written: its folder exists (created if missing),
+    is a folder and is writable, and the path itself is not a folder."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise JudgeCliError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
+    blocker = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocker is not None:
+        raise JudgeCliError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise JudgeCliError(f"{flag} {value}: cannot create the folder {path.parent}: "
+                            f"{error.strerror or error}") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise JudgeCliError(f"{flag} {value}: not writable (permission denied); choose another path")
+    return path
+
+
+def check_options(args) -> None:
+    """Every option that could fail the command after its calls, checked before the first one."""
+    _check_numbers(args)
+    args.out = str(_writable_file("--out", args.out))
+    if getattr(args, "markdown", None):
+        args.markdown = str(_writable_file("--markdown", args.markdown))
+    args.cache = str(_writable_file("--cache", args.cache))
+
+
+def _open_cache(path: str):
+    """The judge cache at `path`, or JudgeCliError when the file is not a usable SQLite database."""
+    from judges.model.cache import JudgeCache
+
+    try:
+        return JudgeCache(path)
+    except (sqlite3.Error, OSError) as error:
+        raise JudgeCliError(f"--cache {path}: cannot be used as the response cache ({error}); "
+                            "give a new file path or delete it") from None
+
+
+def write_json_atomically(path: str | Path, data) -> None:
+    """Strict JSON (allow_nan=False) through a synced temporary sibling and an atomic rename."""
+    from judges.strict_json import write_text_atomically
+
+    write_text_atomically(path, json.dumps(data, indent=2, allow_nan=False, default=_plain) + "\n")
+
+
+def build_judge(args, items):
+    """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache."""
+    from judges.model.judges import PairwiseJudge
+    from judges.model.openai_backend import OpenAIBackend
+
+    if args.simulated:
+        from judges.model.simulated import SimulatedClient
+
+        best = [i.candidates[i.gold] for i in items if isinstance(i.gold, int) and 0 <= i.gold < len(i.candidates)]
+        client = SimulatedClient(lambda text: 1.0 if any(b in text for b in best) else 0.0, sharpness=4.0,
+                                 **dict(_bias(kv) for kv in args.sim_bias))
+    elif not args.base_url:
+        raise JudgeCliError("--base-url is required (or --simulated for the built-in simulated judge)")
+    else:
+        client = None
+    backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                            max_concurrency=args.concurrency, timeout_s=args.timeout, max_retries=args.retries,
+                            cache=_open_cache(args.cache))
+    return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+
+
+def _bias(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise JudgeCliError(f"--sim-bias {text!r}: expected NAME=NUMBER, e.g. position=0.6") from None
+
+
+def _preflight(judge, item) -> None:
+    """Judge one pair first, so an unreachable endpoint or a wrong model fails fast with its cause."""
+    from judges.model.backend import run_sync
+    from judges.types import Candidate, Item
+
+    second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
+    pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
+    answered = pair.rationale.startswith(("invalid response:", "response too large:"))  # reachable: one bad answer
+    if pair.p_a is None and pair.status in ("api_error", "timeout") and not answered:
+        raise JudgeCliError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
+
+
+def report_command(args) -> int:
+    """Run the probes and write the JSON (and markdown) report."""
+    from judges.stats.bias_report import report_markdown, run_bias_report
+
+    from judges.stats.bias_report import strict_report
+
+    try:
+        check_options(args)
+        items = read_items(args.items, args.gold)
+        judge = build_judge(args, items)
+        _preflight(judge, items[0])
+        report = strict_report(run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
+                                               judge_name=args.judge_name or args.model))
+        write_json_atomically(args.out, report)
+        if args.markdown:
+            from judges.strict_json import write_text_atomically
+
+            write_text_atomically(args.markdown, report_markdown(report))
+    except JudgeCliError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"marl: error: cannot write the report: {error.strerror or error} ({error.filename or args.out})",
+              file=sys.stderr)
+        return 2
+    failing = [key for key, verdict in report["verdicts"].items() if verdict == "fail"]
+    summary = f"wrote {args.out}: {report['n_calls']} calls, {report['n_failed']} failed pairs; "
+    if not any(verdict != "not estimated" for verdict in report["verdicts"].values()):
+        print(summary + "nothing could be graded (every judgment failed or was unparseable; see the report's notes)")
+        return 1
+    print(summary + (f"FAIL: {', '.join(failing)}" if failing else "no failing threshold"))
+    return 1 if failing and args.strict else 0
+
+
+def calibrate_command(args) -> int:
+    """Judge gold-labelled pairs and fit a Platt or isotonic calibrator bound to this judge."""
+    import warnings
+
+    import numpy as np
+
+    from judges.model.backend import run_sync
+    from judges.stats.calibration import IsotonicCalibrator, PlattCalibrator
+    from judges.stats.inference import expected_calibration_error
+    from judges.types import Candidate, Item
+
+    try:
+        check_options(args)
+        items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
+        if len(items) < 10:
+            raise JudgeCliError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
+                                f"got {len(items)}")
+        judge = build_judge(args, items)
+        _preflight(judge, items[0])
+    except JudgeCliError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 2
+    pairs = run_sync(_compare_items(judge, items, Item, Candidate))
+    rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
+            for i, p in zip(items, pairs) if p.p_a is not None]
+    if len(rows) < 2 or len({r[1] for r in rows}) < 2:
+        print(f"marl: error: only {len(rows)} of {len(items)} gold pairs were judged (the rest failed: see the "
+              "endpoint's answers); nothing to fit, nothing written", file=sys.stderr)
+        return 1
+    scores, gold = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+    try:
+        with warnings.catch_warnings():  # a near-perfect judge separates the gold labels
+            warnings.filterwarnings("ignore", message="logistic_fit did not converge")
+            calibrator = (PlattCalibrator() if args.method == "platt" else IsotonicCalibrator()).fit(
+                np.clip(scores, 1e-4, 1 - 1e-4), gold, judge_id=judge.identity)
+        calibrator.save(args.out)
+    except ValueError as error:
+        print(f"marl: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"marl: error: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    after = calibrator.apply(np.clip(scores, 1e-4, 1 - 1e-4), judge_id=judge.identity)
+    print(f"wrote {args.out}: {args.method} on {len(rows)} gold pairs ({len(items) - len(rows)} failed); "
+          f"ECE {expected_calibration_error(scores, gold):.3f} raw -> {expected_calibration_error(after, gold):.3f} "
+          "(in-sample)")
+    return 0
+
+
+async def _compare_items(judge, items, Item, Candidate):
+    import asyncio
+
+    return await asyncio.gather(*(judge.compare(Item(prompt=i.prompt), Candidate(i.candidates[0]),
+                                                Candidate(i.candidates[1])) for i in items))
+
+
+def _plain(value):
+    """JSON for what json cannot write itself: numpy scalars and arrays as numbers and lists, else text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def add_judges_parser(commands) -> None:
+    """The `marl judges ...` sub-commands."""
+    judges = commands.add_parser("judges", help="probe and calibrate model judges")
+    sub = judges.add_subparsers(dest="judges_command", required=True)
+    for name, handler, help_text in (("report", report_command, "run the bias probes and write a report"),
+                                     ("calibrate", calibrate_command, "fit a calibrator on gold-labelled pairs")):
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+        parser.add_argument("--model", default="sim", help="model name the endpoint serves")
+        parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
+        parser.add_argument("--items", required=True, help="JSONL items file (see `marl judges report --help`)")
+        parser.add_argument("--gold", help="optional JSONL of {id, gold} lines")
+        parser.add_argument("--out", required=True, help="report JSON / calibrator JSON to write")
+        parser.add_argument("--cache", default="~/.cache/marl/judges.sqlite", help="response cache (SQLite)")
+        parser.add_argument("--concurrency", type=int, default=8)
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+        parser.add_argument("--retries", type=int, default=4)
+        parser.add_argument("--max-tokens", type=int, default=512)
+        parser.add_argument("--no-logprobs", action="store_true", help="for endpoints that reject logprobs")
+        parser.add_argument("--simulated", action="store_true", help="use the built-in simulated judge")
+        parser.add_argument("--sim-bias", action="append", default=[], metavar="NAME=VALUE",
+                            help="simulated judge bias, e.g. position=0.6 or master_key=4 (repeatable)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.set_defaults(handler=handler)
+        if name == "report":
+            parser.add_argument("--markdown", help="also write a markdown summary here")
+            parser.add_argument("--per-kind", type=int, default=100, help="probes per kind")
+            parser.add_argument("--judge-name", help="name used by the self-attribution probe (default --model)")
+            parser.add_argument("--strict", action="store_true", help="exit 1 when a threshold fails")
+        else:
+            parser.add_argument("--method", choices=("platt", "isotonic"), default="platt")

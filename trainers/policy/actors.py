@@ -1,0 +1,165 @@
+"""Who speaks for each agent of a scenario: language-model, scripted and endpoint actors.
+
+An actor answers a batch of requests `(agent, observation, task)` in one call. `ModelActor` runs ONE
+batched `sample_completions` per call (all the agents and episodes it plays at that turn), and
+returns the sampled tokens too, so the trainer can turn them into GRPO samples. Scripted actors
+(`expert`, `null`, `random`, 'module:function') and endpoint actors ('openai:MODEL') are frozen.
+
+`build_actors(scenario, base_model_dir)` reads each agent's `policy` and `trainable` fields:
+
+    shared          one model for every agent that says 'shared' (role-conditioned by its observation)
+    own             a copy of the base model for this agent alone
+    a directory     that Hugging Face causal-LM directory
+    expert|null|random|module:function   a scripted policy (frozen)
+    openai:MODEL    an OpenAI-compatible endpoint (`base_url`, `api_key_env`), frozen
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from marl.types import Task
+
+SCRIPTED = ("expert", "null", "random")
+
+
+@dataclass
+class Generation:
+    """What an actor said for a batch: texts, and the sampled tokens when a model produced them."""
+
+    texts: list[str]
+    completions: object | None = None  # trainers.policy.sampling.Completions, row i = texts[i]
+
+
+class ModelActor:
+    """A causal LM answering a batch of observations with one batched sampling call."""
+
+    def __init__(self, name: str, model, tokenizer, *, trainable: bool = True, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0):
+        import torch
+
+        self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
+        self.temperature, self.top_p = temperature, top_p
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
+        """Sample (or, greedy, decode) one message per request."""
+        import torch
+
+        from trainers.policy.sampling import decode_completions, encode_prompts, sample_completions
+
+        prompts = [observation or " " for _, observation, _ in requests]
+        ids, mask = encode_prompts(self.tokenizer, prompts)
+        completions = sample_completions(
+            self.model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, temperature=self.temperature,
+            top_p=self.top_p, greedy=greedy, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, generator=self.generator)
+        # rows that saw the same observation (the G episodes of a task at their first turn) share one
+        # prompt: the packed training forward then runs that prompt once for all of them (exact)
+        first_row: dict[str, int] = {}
+        completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
+        return Generation(decode_completions(self.tokenizer, completions), completions)
+
+
+class ScriptedActor:
+    """A frozen `policy(agent, observation, task) -> text` (expert, null, random, module:function)."""
+
+    trainable = False
+
+    def __init__(self, name: str, policy):
+        self.name, self.policy = name, policy
+
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
+        """Call the policy once per request."""
+        return Generation([str(self.policy(agent, observation, task)) for agent, observation, task in requests])
+
+
+class EndpointActor:
+    """A frozen policy behind an OpenAI-compatible endpoint (requests go out concurrently)."""
+
+    trainable = False
+
+    def __init__(self, name: str, backend, *, temperature: float = 1.0, seed: int = 0):
+        self.name, self.backend, self.temperature, self.seed = name, backend, temperature, seed
+        self.requests = 0  # requests sent so far: sampled requests are seeded seed + their index
+        self.failures = 0  # requests that failed (their agent said nothing)
+
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
+        """One chat completion per request; a failed request says nothing (and is counted)."""
+        from judges.model.backend import ChatRequest, run_sync
+
+        first, self.requests = self.requests, self.requests + len(requests)
+        chats = [ChatRequest(messages=({"role": "user", "content": observation},), max_tokens=max_new_tokens,
+                             temperature=0.0 if greedy else self.temperature,
+                             seed=self.seed if greedy else self.seed + first + index)
+                 for index, (_, observation, _) in enumerate(requests)]
+        responses = run_sync(self.backend.complete_many(chats))
+        self.failures += sum(r.status not in ("ok", "truncated") for r in responses)
+        return Generation([r.text if r.status in ("ok", "truncated") else "" for r in responses])
+
+
+def actor_key(agent_spec) -> str:
+    """The name of the actor that plays an agent: 'shared' or the agent's own name."""
+    return "shared" if agent_spec.policy == "shared" else agent_spec.name
+
+
+def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 1.0, top_p: float = 1.0,
+                 seed: int = 0, log=print) -> tuple[dict, dict[str, str]]:
+    """The actors of a scenario and which actor plays each agent (see the module docstring).
+
+    The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. An agent
+    whose `trainable` is false freezes its actor (a frozen shared actor freezes every shared agent).
+    """
+    from trainers.policy.tinylm import load_policy
+
+    actors, seats, base = {}, {}, None
+    options = dict(temperature=temperature, top_p=top_p)
+    for index, agent in enumerate(scenario.spec.agents):
+        key = actor_key(agent)
+        seats[agent.name] = key
+        if key in actors:
+            actors[key].trainable = actors[key].trainable and agent.trainable
+            continue
+        if agent.policy in ("shared", "own"):
+            if base is None:
+                if base_model_dir is None:
+                    raise ValueError("this scenario has model-played agents but no base model was given")
+                base = load_policy(base_model_dir)
+            model = base[0] if agent.policy == "shared" else copy.deepcopy(base[0])
+            actors[key] = ModelActor(key, model, base[1], trainable=agent.trainable, seed=seed + index, **options)
+        elif agent.policy.startswith("openai:"):
+            actors[key] = EndpointActor(key, _endpoint_backend(agent), temperature=temperature, seed=seed)
+        elif agent.policy in SCRIPTED or ":" in agent.policy:
+            from marl.policies import get_policy
+
+            actors[key] = ScriptedActor(key, get_policy(agent.policy, scenario, seed=seed + index))
+        else:
+            model, tokenizer = load_policy(_model_directory(scenario, agent))
+            actors[key] = ModelActor(key, model, tokenizer, trainable=agent.trainable, seed=seed + index, **options)
+    return actors, seats
+
+
+def _model_directory(scenario, agent) -> Path:
+    path = Path(agent.policy)
+    if not path.is_absolute():
+        path = scenario.base_dir / path
+    if not (path / "config.json").exists():
+        raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} is not 'shared', 'own', a scripted policy "
+                         f"(expert, null, random, module:function), 'openai:MODEL', or a Hugging Face model "
+                         f"directory ({path} has no config.json)")
+    return path
+
+
+def _endpoint_backend(agent):
+    """The OpenAI-compatible backend of an endpoint agent (the key from `api_key_env`, if named)."""
+    from judges.model.openai_backend import OpenAIBackend
+
+    if agent.base_url is None:
+        raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} needs base_url (the endpoint's URL)")
+    if agent.api_key_env and agent.api_key_env not in os.environ:
+        raise ValueError(f"agent {agent.name!r}: environment variable {agent.api_key_env} is not set")
+    return OpenAIBackend(model=agent.policy.split(":", 1)[1], base_url=agent.base_url,
+                         api_key_env=agent.api_key_env or "OPENAI_API_KEY")

@@ -1,0 +1,131 @@
+"""`marl serve MODEL_DIR --port N`: a local transformers model behind an OpenAI-compatible API.
+
+    GET  /v1/models             -> the one served model
+    POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs}
+
+Any OpenAI client (and marl's judges) can then use the model as a judge or as a frozen opponent:
+`OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is the tokenizer's chat
+template when it has one, else the messages' contents joined by newlines (the tiny character models
+have no template). temperature 0 means greedy. With `logprobs`, every generated token comes with
+its logprob and `top_logprobs` alternatives, from the distribution it was drawn from.
+
+The model engine is `judges.model.local_backend.LocalModel` (also usable as a judge backend without HTTP).
+Requests are served one at a time (one model, one CPU thread); the server binds 127.0.0.1 unless
+told otherwise. Errors are OpenAI-shaped: 400 for a bad request, 404 for an unknown model, 500 when
+the model produced logprobs that are not numbers (bodies are strict JSON: never NaN or Infinity).
+
+The address is checked before anything is loaded: a port outside 0-65535 is one line and exit 2, and
+the socket is bound before the model is read, so a port in use fails at once, not after loading.
+"""
+
+from __future__ import annotations
+
+import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from judges.model.local_backend import LocalModel, RequestError
+
+
+def _handler(holder: dict):
+    """A request handler class serving holder["model"] (set once the model is loaded)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet: one line per request is noise for a judge endpoint
+            pass
+
+        def _send(self, status: int, body: dict) -> None:
+            try:
+                data = json.dumps(body, allow_nan=False).encode()
+            except ValueError:  # a broken model's NaN logprobs: say so rather than send invalid JSON
+                status = 500
+                data = json.dumps({"error": {"message": "the model produced a logprob that is not a finite number",
+                                             "type": "server_error", "code": 500}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: int, kind: str, message: str) -> None:
+            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+
+        def do_GET(self):
+            if self.path.rstrip("/") in ("/v1/models", "/models"):
+                self._send(200, holder["model"].models())
+            else:
+                self._error(404, "not_found_error", f"no route {self.path}")
+
+        def do_POST(self):
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                return self._error(404, "not_found_error", f"no route {self.path}")
+            try:
+                length = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                if not isinstance(payload, dict):
+                    raise RequestError(400, "invalid_request_error", "the body must be a JSON object")
+                self._send(200, holder["model"].chat(payload))
+            except json.JSONDecodeError as error:
+                self._error(400, "invalid_request_error", f"the body is not JSON: {error}")
+            except RequestError as error:
+                self._error(error.status, error.kind, str(error))
+            except (TypeError, ValueError) as error:
+                self._error(400, "invalid_request_error", str(error))
+            except Exception as error:  # noqa: BLE001 - one bad request never kills the server or prints a traceback
+                self._error(500, "server_error", f"{type(error).__name__}: {error}")
+
+    return Handler
+
+
+class ModelLoadError(Exception):
+    """The model directory exists but the model cannot be loaded from it (the message says why)."""
+
+
+def check_port(port) -> int:
+    """The port as an int; ValueError saying the range when it is not a TCP port (0 picks a free one)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: a TCP port is 0-65535 (0 picks a free one), e.g. --port 8000")
+    return port
+
+
+def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
+                     name: str | None = None) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) for the model; port 0 picks a free port.
+
+    ValueError for a port out of range, OSError when the address cannot be bound (checked before the
+    model is loaded), FileNotFoundError when model_dir is not a model directory, ModelLoadError when
+    its files cannot be loaded (a broken config.json, missing weights).
+    """
+    holder: dict = {}
+    httpd = ThreadingHTTPServer((host, check_port(port)), _handler(holder))
+    try:
+        holder["model"] = LocalModel(model_dir, name)
+    except FileNotFoundError:
+        httpd.server_close()
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        httpd.server_close()
+        message = " ".join(str(error).split())[:300]
+        raise ModelLoadError(f"{model_dir}: cannot load the model ({type(error).__name__}: {message})") from None
+    except BaseException:
+        httpd.server_close()
+        raise
+    return httpd
+
+
+def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None) -> None:
+    """Serve until interrupted, printing the base URL (trainers.cli.main.UsageError for a bad port)."""
+    from trainers.cli.main import UsageError
+
+    try:
+        httpd = make_http_server(model_dir, host, port, name)
+    except (ValueError, ModelLoadError) as error:
+        raise UsageError(str(error)) from None
+    model = name or Path(model_dir).name
+    print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1 (Ctrl-C stops)", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()

@@ -1,0 +1,78 @@
+"""Checksums of a checkpoint: `manifest.json` lists the size and sha256 of every file in it.
+
+The manifest is written last, into the temporary directory, before the directory is renamed into
+place, so a checkpoint with a manifest that matches its files is complete and untouched since. A
+file cut short (a torn copy, a full disk on another machine, bit rot) or edited shows up as a size or
+checksum mismatch, found before torch or safetensors ever read the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+VERSION = 1
+CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(directory: Path) -> Path:
+    """Write `directory/manifest.json` with the size and sha256 of every other file below it."""
+    from trainers.runs.atomic import write_text_atomically
+
+    files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in _files(directory)}
+    path = directory / MANIFEST
+    write_text_atomically(path, json.dumps({"version": VERSION, "files": files}, indent=1) + "\n")
+    return path
+
+
+def manifest_problem(directory: Path, full: bool = True) -> str | None:
+    """What is wrong with a checkpoint directory, or None when every file matches its manifest.
+
+    `full=False` compares sizes only (cheap, for messages); a directory without a manifest (written
+    by an older marl) is not checked here. The answer names the first bad file and how it is bad.
+    """
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        entries = [(name, int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{MANIFEST} is unreadable ({error.__class__.__name__})"
+    for name, size, sha in entries:
+        problem = _file_problem(Path(directory) / name, name, size, sha, full)
+        if problem:
+            return problem
+    return None
+
+
+def _file_problem(path: Path, name: str, size: int, sha: str, full: bool) -> str | None:
+    try:
+        actual = path.stat().st_size
+    except OSError:
+        return f"{name} is missing"
+    if actual != size:
+        return f"{name} is {actual} bytes, the manifest says {size}"
+    if full:
+        try:
+            if file_sha256(path) != sha:
+                return f"{name} does not match its sha256 in the manifest"
+        except OSError as error:
+            return f"{name} cannot be read ({error.strerror or error})"
+    return None

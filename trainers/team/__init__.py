@@ -1,0 +1,7 @@
+"""Team training: many agents, one GRPO core per trainable policy.
+
+    trainer.py     MultiAgentTrainer: play -> score -> credit -> guards -> advantages -> update
+    evaluation.py  the team's held-out set at temperature 0, and its metrics
+
+May import: marl (rollout, credit, scenario), trainers.grpo, trainers.policy, trainers.runs.
+"""

@@ -1,0 +1,275 @@
+"""Held-out evaluation of a team on a scenario: the fixed evaluation tasks at temperature 0.
+
+`evaluate_team(player, tasks)` plays every task once, greedily, all episodes in lockstep, and
+returns the team figures (team success, mean reward, mean reward per agent); `marl run` uses it for
+its before/after numbers.
+
+`evaluate_scenario(player, tasks)` is what `marl eval` reports (trainers/cli/eval.py). Every
+episode, credit replays included, is decoded greedily. Masked episodes (a judge failed) are left out
+of every share and counted in `masked_episodes`. The metrics:
+
+    first_try_success        share of tasks the team solves in its first greedy episode, no prefix
+    pass_rate                share of tasks solved within 1 + `retries` attempts: a failed task is
+                             replayed with the failure reason put before every observation (as the
+                             reflection stage does); with retries=0 it equals first_try_success
+    tool_call_validity       mean, over (episode, agent) pairs that called a tool, of the share of
+                             well-formed calls (None: no agent called a tool)
+    format_compliance        mean format-layer score of the first-try episodes (None: no format scorers)
+    paraphrase_robustness    share of tasks whose team success is the same under every wording of the
+                             task (its prompt and its `variants`), among tasks where a wording changed
+                             what some agent saw (None: no such task; scenarios that build observations
+                             from task metadata, like relay, never show the prompt)
+    effective_reasoning_rate share of successful first-try episodes in which every agent's message
+                             mattered: silencing any one agent (its difference reward with
+                             null_message replays) lowers the team reward. Independent of the scenario's
+                             credit section (cooperative scenarios with credit on; else None)
+
+and `credit`: each agent's mean credit over the first-try episodes and its share of the total
+(the scenario's `credit` section; cooperative scenarios only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from marl.types import Task
+
+CREDIT_EPS = 1e-9  # a credit at or below this did not matter
+
+DEFINITIONS = {
+    "pass_rate": "tasks solved within 1 + retries greedy attempts (a retry shows the failure reason)",
+    "first_try_success": "tasks solved by the first greedy episode, with no retry",
+    "tool_call_validity": "mean share of well-formed tool calls per agent and episode",
+    "format_compliance": "mean format-layer score of the first-try episodes",
+    "paraphrase_robustness": "tasks whose success agrees across every wording that reached the agents",
+    "effective_reasoning_rate": "successful episodes in which silencing any one agent lowers the team reward",
+}
+
+
+def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
+    """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`."""
+    from marl.rollout import EpisodeJob
+    from trainers.team.trainer import nanmean, success
+
+    if not tasks:
+        raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
+    mode = player.scenario.spec.mode
+    episodes = player.play([EpisodeJob(task, seed + index) for index, task in enumerate(tasks)], greedy=True).episodes
+    figures = {"team_success": nanmean(success(e, mode) for e in episodes),
+               "team_reward": nanmean(e.team_reward() for e in episodes) if mode == "cooperative" else math.nan,
+               "masked_episodes": float(sum(any(math.isnan(v) for v in e.rewards.values()) for e in episodes)),
+               "episodes": float(len(episodes))}
+    for agent in player.scenario.agent_names:
+        figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
+    return {key: value for key, value in figures.items() if not math.isnan(value)}
+
+
+class GreedyPlayer:
+    """An EpisodePlayer whose every `play` decodes greedily (credit replays too)."""
+
+    def __init__(self, player):
+        self._player = player
+
+    def __getattr__(self, name):
+        return getattr(self._player, name)
+
+    def play(self, jobs, *, greedy: bool = True):
+        """Play the jobs at temperature 0, whatever the caller asks."""
+        return self._player.play(jobs, greedy=True)
+
+
+def evaluate_scenario(player, tasks: list[Task], *, seed: int = 0, credit: bool = True,
+                      retries: int = 1) -> dict:
+    """Every `marl eval` metric on `tasks` at temperature 0, as a JSON-able dict (module docstring)."""
+    from marl.rollout import EpisodeJob
+    from trainers.team.trainer import success
+
+    if not tasks:
+        raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    greedy, spec = GreedyPlayer(player), player.scenario.spec
+    jobs = [EpisodeJob(task, seed + index) for index, task in enumerate(tasks)]
+    episodes = greedy.play(jobs).episodes
+    first = [success(e, spec.mode) for e in episodes]
+    solved = _solved_with_retries(greedy, episodes, first, retries)
+    paraphrase = _paraphrase_agreement(greedy, episodes, first)
+    credits = _credit_summary(greedy, episodes, first) if credit and spec.mode == "cooperative" else None
+    metrics = {"pass_rate": _share(solved), "first_try_success": _share(first),
+               "tool_call_validity": _tool_call_validity(episodes),
+               "format_compliance": _format_compliance(episodes) if spec.rewards.format else None,
+               "paraphrase_robustness": paraphrase.pop("robustness"),
+               "effective_reasoning_rate": credits.pop("effective_reasoning_rate") if credits else None}
+    rows = [{"task": task.id, "first_try": _plain(f), "solved": _plain(s), "variants_agree": agree}
+            for task, f, s, agree in zip(tasks, first, solved, paraphrase.pop("agree"))]
+    return {"scenario": spec.name, "mode": spec.mode, "tasks": len(tasks), "seed": seed, "retries": retries,
+            "metrics": metrics, "masked_episodes": sum(math.isnan(f) for f in first),
+            "paraphrase": paraphrase, "credit": credits, "per_task": rows}
+
+
+# -- pass rate with retries ---------------------------------------------------------------------
+
+
+def failure_reason(episode) -> str:
+    """Why an episode failed, in one line: the first outcome scorer that did not give full marks."""
+    for breakdown in episode.breakdown.values():
+        for part in breakdown.components:
+            if part["layer"] == "outcome" and (part["score"] is None or part["score"] < 1.0):
+                return " ".join((part["rationale"] or f"{part['kind']} scored {part['score']}").split())
+    return "the last answer failed"
+
+
+def _solved_with_retries(player, episodes, first: list[float], retries: int) -> list[float]:
+    """Per task: 1 if an attempt up to 1 + retries succeeded, 0 if none did, NaN if the first was masked."""
+    from marl.rollout import EpisodeJob
+    from trainers.team.trainer import success
+
+    solved, last = list(first), dict(enumerate(episodes))
+    for _ in range(retries):
+        pending = [k for k, value in enumerate(solved) if value == 0.0]
+        if not pending:
+            break
+        jobs = [EpisodeJob(last[k].job.task, last[k].job.seed, prefix=f"retry: {failure_reason(last[k])}\n")
+                for k in pending]
+        for k, episode in zip(pending, player.play(jobs).episodes):
+            last[k] = episode
+            solved[k] = 1.0 if success(episode, player.scenario.spec.mode) == 1.0 else 0.0
+    return solved
+
+
+# -- paraphrases --------------------------------------------------------------------------------
+
+
+def _paraphrase_agreement(player, episodes, first: list[float]) -> dict:
+    """Replay every variant wording; a task counts when some wording changed what an agent saw.
+
+    The replay carries the original episode as its reference, so an agent whose observation did not
+    change repeats its recorded message (a seeded `random` policy cannot fake a difference).
+    """
+    from marl.rollout import EpisodeJob
+    from trainers.team.trainer import success
+
+    jobs, owners = [], []
+    for k, episode in enumerate(episodes):
+        task = episode.job.task
+        for index in range(len(task.variants)):
+            jobs.append(EpisodeJob(task.variant(index), episode.job.seed, reference=episode.reference()))
+            owners.append(k)
+    played = player.play(jobs).episodes if jobs else []
+    outcomes: dict[int, list[float]] = {}
+    for k, variant in zip(owners, played):
+        if _observations(variant) != _observations(episodes[k]):
+            outcomes.setdefault(k, []).append(success(variant, player.scenario.spec.mode))
+    agree = [None] * len(episodes)
+    for k, results in outcomes.items():
+        values = [first[k], *results]
+        if not any(math.isnan(v) for v in values):
+            agree[k] = len(set(values)) == 1
+    decided = [a for a in agree if a is not None]
+    return {"robustness": statistics.fmean(decided) if decided else None,
+            "tasks_with_variants": sum(bool(e.job.task.variants) for e in episodes),
+            "tasks_reached": len(outcomes), "wordings_played": len(jobs),
+            "variant_success": _share([s for results in outcomes.values() for s in results]), "agree": agree}
+
+
+def _observations(episode) -> list[tuple[str, str]]:
+    return [(turn.agent, turn.observation) for turn in episode.turns]
+
+
+# -- credit and effective reasoning -------------------------------------------------------------
+
+
+def _credit_summary(player, episodes, first: list[float]) -> dict:
+    """Mean credit and share per agent, and the effective reasoning rate, from greedy credit replays."""
+    from marl.scenario.spec import CreditSpec
+    from marl.credit.replay import credit_shares, episode_credits
+
+    spec, agents = player.scenario.spec, player.scenario.agent_names
+    estimates = episode_credits(player, episodes, spec.credit)
+    figures = credit_shares(estimates, agents)
+    per_agent = {agent: {"mean": _finite(figures.get(f"credit/{agent}/mean")),
+                         "share": _finite(figures.get(f"credit/{agent}/share"))} for agent in agents}
+    successful = [episode for episode, estimate, ok in zip(episodes, estimates, first)
+                  if ok == 1.0 and estimate is not None]
+    silenced = episode_credits(player, successful, CreditSpec(method="difference", absent="null_message"))
+    effective = [all(estimate.values[agent] > CREDIT_EPS for agent in agents)
+                 for estimate in silenced if estimate is not None]
+    return {"method": spec.credit.method, "absent": spec.credit.absent, "agents": per_agent,
+            "episodes": sum(e is not None for e in estimates), "successful_episodes": len(successful),
+            "effective_reasoning_rate": statistics.fmean(effective) if effective else None}
+
+
+# -- per-episode figures ------------------------------------------------------------------------
+
+
+def _tool_call_validity(episodes) -> float | None:
+    values = [v for e in episodes for v in e.tool_validity.values() if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _format_compliance(episodes) -> float | None:
+    scores = [b.layers.get("format") for e in episodes for b in e.breakdown.values()]
+    kept = [s for s in scores if s is not None and not math.isnan(s)]
+    return statistics.fmean(kept) if kept else None
+
+
+def _share(values) -> float | None:
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else None
+
+
+def _plain(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+
+def write_eval_report(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write `result` as out_dir/eval.json and a markdown summary out_dir/eval.md; return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "eval.json", out / "eval.md"
+    from trainers.runs.atomic import write_text_atomically  # a second eval replaces the files, never cuts them
+
+    write_text_atomically(json_path, json.dumps(result, indent=2) + "\n")
+    write_text_atomically(md_path, eval_markdown(result))
+    return json_path, md_path
+
+
+def eval_markdown(result: dict) -> str:
+    """The evaluation as markdown: a metric table, paraphrase coverage, per-agent credit, failures."""
+    lines = [f"# marl eval: {result['scenario']}", "",
+             f"{result['tasks']} held-out tasks at temperature 0 ({result['mode']}), "
+             f"checkpoint: {result.get('checkpoint', '-')}, retries: {result['retries']}, "
+             f"masked episodes: {result['masked_episodes']}.", "",
+             "| metric | value | definition |", "|---|---|---|"]
+    lines += [f"| {name} | {format_value(value)} | {DEFINITIONS[name]} |" for name, value in result["metrics"].items()]
+    para = result["paraphrase"]
+    lines += ["", f"Paraphrases: {para['tasks_with_variants']} tasks have variant wordings; in "
+              f"{para['tasks_reached']} of them a wording changed what an agent saw "
+              f"({para['wordings_played']} wordings played, variant success {format_value(para['variant_success'])})."]
+    if result["credit"]:
+        credit = result["credit"]
+        lines += ["", f"## Credit ({credit['method']}, absent: {credit['absent']}, {credit['episodes']} episodes)", "",
+                  "| agent | mean credit | share |", "|---|---|---|"]
+        lines += [f"| {agent} | {format_value(c['mean'])} | {format_value(c['share'])} |"
+                  for agent, c in credit["agents"].items()]
+    failed = [row["task"] for row in result["per_task"] if row["solved"] == 0.0]
+    if failed:
+        more = " ..." if len(failed) > 20 else ""
+        lines += ["", f"Unsolved tasks ({len(failed)}): " + ", ".join(failed[:20]) + more]
+    return "\n".join(lines) + "\n"
+
+
+def format_value(value) -> str:
+    """A metric value for tables: three decimals, or '-' when it does not apply."""
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,490 @@
+"""Multi-agent GRPO on a scenario, top to bottom: play -> score -> credit -> guards -> advantages -> update.
+
+One `MultiAgentTrainer.step()`:
+
+1. draw `prompts_per_step` tasks from one difficulty bucket; play each `group_size` times, all episodes
+   in lockstep (`marl.rollout.EpisodePlayer`: one batched generate per actor per turn);
+2. per-agent rewards: in cooperative scenarios the team reward is split by the scenario's `credit`
+   section from counterfactual replays of each episode (common random numbers: unchanged inputs keep
+   their recorded sample); in competitive ones each agent's zero-sum reward is its own;
+3. safeguards per agent: Self-BLEU of each group of that agent's messages, diversity penalty, floor
+   reward when a whole group's team reward failed (cooperative); masked rewards (a judge failure)
+   stay NaN;
+4. role-conditioned advantages: each agent's rewards are normalised within its own task group, and
+   every turn the agent took in that episode becomes a sample (observation -> message, advantage);
+5. one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents' samples).
+
+Masked rewards are watched (`MaskedRewardGuard`): the first step on which more than
+`train.max_masked_fraction` of the episodes had a masked reward prints one warning line; when that
+share over the last MASKED_WINDOW steps (or all the steps of a shorter run, at its last step) is
+still above it, the step raises `MaskedRewardsError` before its update, so the weights, the last
+checkpoint and metrics.jsonl stay those of the last complete step. A run whose every reward is
+masked (an SQL scenario whose database is not a database, a judge that always fails) never ends
+with exit status 0.
+
+Self-play (competitive scenarios, `train.selfplay`): on a share of steps the learner plays against a
+snapshot from an `OpponentPool` instead of itself, taking alternate seats per task; each episode's
+result updates the ratings, and a snapshot joins the pool every `snapshot_every` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from marl.types import Task
+from marl.rollout import EpisodeJob, EpisodePlayer
+from marl.credit.replay import credit_shares, episode_credits, shrink_factors, shrink_rewards
+
+OPPONENT = "opponent"
+MASKED_WINDOW = 5  # steps over which the masked share is judged
+
+
+class MaskedRewardsError(ValueError):
+    """Too many episodes had masked rewards: training stopped (the message says why and what to do)."""
+
+
+def _masked_reason(episodes) -> str:
+    """The first failed scorer's status and rationale among masked episodes ('' when none is recorded)."""
+    for episode in episodes:
+        for breakdown in (getattr(episode, "breakdown", None) or {}).values():
+            for component in getattr(breakdown, "components", None) or ():
+                if component.get("status") not in (None, "ok"):
+                    rationale = " ".join(str(component.get("rationale") or "").split())[:160]
+                    return f"{component.get('kind', 'scorer')} {component['status']}: {rationale}"
+    return ""
+
+
+class MaskedRewardGuard:
+    """Counts masked episodes per step; warns once, and raises past `limit` over a window of steps."""
+
+    def __init__(self, limit: float, total_steps: int, log=print, window: int = MASKED_WINDOW):
+        self.limit, self.total_steps, self.log, self.window = limit, total_steps, log, window
+        self.recent: list[tuple[int, int]] = []  # (masked, episodes) of the last `window` steps
+        self.warned = False
+
+    def check(self, step: int, masked_episodes: list, episodes: int) -> None:
+        """Record step `step` (0-based); warn once; MaskedRewardsError when the window is past the limit."""
+        masked = len(masked_episodes)
+        self.recent = (self.recent + [(masked, episodes)])[-self.window:]
+        if episodes and masked / episodes > self.limit and not self.warned:
+            self.warned = True
+            self.log(f"warning: step {step + 1}: {masked} of {episodes} episodes had masked rewards "
+                     f"({_masked_reason(masked_episodes) or 'a scorer failed'}); training stops if more than "
+                     f"{self.limit:g} of them stay masked over {self.window} steps (train.max_masked_fraction)")
+        total_masked, total = sum(m for m, _ in self.recent), sum(n for _, n in self.recent)
+        decided = len(self.recent) == self.window or step + 1 >= self.total_steps
+        if decided and total and total_masked / total > self.limit:
+            steps = len(self.recent)
+            raise MaskedRewardsError(
+                f"step {step + 1}: {total_masked} of {total} episodes over the last {steps} step(s) had masked "
+                f"rewards ({_masked_reason(masked_episodes) or 'a scorer failed'}), more than "
+                f"train.max_masked_fraction={self.limit:g}; training stopped before this step's update (the last "
+                "checkpoint and metrics.jsonl are intact). Fix the scorer (marl validate, marl rollout), or allow "
+                "more with --set train.max_masked_fraction=0.9 (1 never stops)")
+
+
+class MultiAgentTrainer:
+    """GRPO for every trainable actor of a scenario (see the module docstring)."""
+
+    def __init__(self, scenario, actors: dict, seats: dict[str, str], tasks: list[Task], config, *,
+                 selfplay: bool = False, log=print):
+        from trainers.grpo.trainer import heuristic_difficulty
+        from trainers.grpo.learner import PolicyLearner
+        from trainers.grpo.safeguards import DifficultyBuckets
+
+        if not tasks:
+            raise ValueError(f"scenario {scenario.spec.name!r} has no training tasks")
+        self.scenario, self.spec, self.config, self.log = scenario, scenario.spec, config, log
+        self.agents = list(scenario.agent_names)
+        self.actors, self.seats = actors, seats
+        torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.learners = {name: PolicyLearner(actor.model, config) for name, actor in actors.items()
+                         if actor.trainable and hasattr(actor, "model")}
+        if not self.learners:
+            raise ValueError(f"scenario {scenario.spec.name!r} has no trainable agent: give at least one agent "
+                             "a model policy ('shared', 'own' or a model directory) with trainable: true")
+        self.player = EpisodePlayer(scenario, actors, seats)
+        self.tasks = {task.id: task for task in tasks}
+        self.buckets = DifficultyBuckets([t.id for t in tasks], [heuristic_difficulty(t) for t in tasks],
+                                         n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
+                                         seed=config.seed)
+        self.rng = random.Random(config.seed)
+        self.pool = self._opponent_pool() if selfplay else None
+        self.step_count = 0
+        self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
+                       "episodes": 0}
+        self.last_batch = None
+        self.masked_guard = MaskedRewardGuard(self.spec.train.max_masked_fraction, config.steps, log)
+
+    # -- one step, top to bottom ------------------------------------------------------------------
+
+    def step(self, *, prefix: dict[str, str] | None = None, tasks: list[Task] | None = None,
+             reward_transform=None, lr_scale: float = 1.0) -> dict[str, float]:
+        """One multi-agent GRPO step; returns its metrics.
+
+        Stages steer it with: `tasks` (instead of the bucket draw), `prefix` (task id -> text put before
+        every observation), `reward_transform(episode, agent, reward) -> reward` and `lr_scale`.
+        """
+        started = time.perf_counter()
+        bucket, tasks = self._draw_tasks(tasks)
+        opponent = self._pick_opponent()
+        jobs = self._jobs(tasks, opponent, prefix or {})
+        batch = self.player.play(jobs)
+        played = time.perf_counter()
+        rewards, credits = self._agent_rewards(batch, reward_transform)
+        self._check_masked(batch, credits)
+        rewards, guards = self._apply_safeguards(batch, rewards)
+        advantages = self._role_advantages(rewards)
+        scored = time.perf_counter()
+        updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale)
+                   if self._has_samples(batch, name) else learner.keep_clock()
+                   for name, learner in self.learners.items()}
+        self._record_results(tasks, batch, opponent)
+        self.step_count += 1
+        self.last_batch = (batch, rewards, advantages, credits)
+        times = {"time/play": played - started, "time/credit": scored - played,
+                 "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
+        return self._metrics(batch, rewards, credits, bucket, guards, updates, times, opponent)
+
+    def _check_masked(self, batch, credits) -> None:
+        """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
+        masked = [e for index, e in enumerate(batch.episodes)
+                  if _masked(e) or (credits is not None and credits[index] is None)]
+        self.masked_guard.check(self.step_count, masked, len(batch.episodes))
+
+    def _draw_tasks(self, tasks):
+        if tasks is not None:
+            return -1, list(tasks)
+        bucket, ids = self.buckets.sample_batch(self.config.prompts_per_step)
+        return bucket, [self.tasks[i] for i in ids]
+
+    def _jobs(self, tasks: list[Task], opponent, prefix: dict[str, str]) -> list[EpisodeJob]:
+        """G jobs per task with distinct seeds; against an opponent the learner's seat alternates per task."""
+        g, jobs = self.config.group_size, []
+        for index, task in enumerate(tasks):
+            seats = {}
+            if opponent is not None:
+                learner_seat = self.agents[(self.step_count + index) % len(self.agents)]
+                seats = {agent: OPPONENT for agent in self.agents if agent != learner_seat}
+            for member in range(g):
+                seed = self.config.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
+                jobs.append(EpisodeJob(task, seed, seats=seats, prefix=prefix.get(task.id, "")))
+        return jobs
+
+    def _agent_rewards(self, batch, reward_transform):
+        """(episodes x agents) rewards and credit estimates (None where credit does not apply)."""
+        cooperative = self.spec.mode == "cooperative"
+        credits = episode_credits(self.player, batch.episodes, self.spec.credit) if cooperative else None
+        rows = []
+        for index, episode in enumerate(batch.episodes):
+            if credits is not None:
+                row = {a: credits[index].values[a] if credits[index] is not None else math.nan for a in self.agents}
+            else:
+                row = {a: episode.rewards.get(a, math.nan) for a in self.agents}
+            if reward_transform is not None:
+                row = {a: reward_transform(episode, a, r) for a, r in row.items()}
+            rows.append(row)
+        shrink_rewards(rows, shrink_factors(batch.episodes, self.config.group_size, self.spec),
+                       self.config.group_size, self.agents)
+        return rows, credits
+
+    def _apply_safeguards(self, batch, rewards):
+        """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative)."""
+        from trainers.grpo.safeguards import collapse_alarm, diversity_penalties, group_self_bleu
+
+        cfg, g = self.config, self.config.group_size
+        bleus, penalised, floored, alarms = [], 0, 0, 0
+        for agent in self.agents:
+            texts = [" ".join(t.text for t in e.turns if t.agent == agent) for e in batch.episodes]
+            column = [row[agent] for row in rewards]
+            group_bleu = group_self_bleu(texts, g)
+            bleus += group_bleu
+            alarms += collapse_alarm(group_bleu, cfg.collapse_threshold)
+            if cfg.diversity_penalty > 0:
+                penalties = diversity_penalties(texts, g, threshold=cfg.diversity_threshold,
+                                                penalty=cfg.diversity_penalty)
+                penalised += sum(p > 0 for p in penalties)
+                column = [r - p for r, p in zip(column, penalties)]
+            if cfg.floor_reward > 0 and self.spec.mode == "cooperative":
+                column, count = self._floor_failed_groups(batch, column, agent)
+                floored += count
+            for row, value in zip(rewards, column):
+                row[agent] = value
+        self.totals["floored_groups"] += floored
+        self.totals["collapse_alarms"] += alarms
+        return rewards, {"guard/self_bleu": statistics.fmean(bleus), "guard/collapse_alarms": alarms,
+                         "guard/diversity_penalised": penalised, "guard/floored_groups": floored}
+
+    def _floor_failed_groups(self, batch, column: list[float], agent: str) -> tuple[list[float], int]:
+        """The floor reward, in the groups whose every team reward failed (<= 0 or masked) only.
+
+        Failure is judged on the team reward, not on the agent's credit: a credit split can be <= 0
+        for every member of a group that did not fail, and flooring it would reward a wrong answer.
+        """
+        from trainers.grpo.safeguards import apply_floor_reward
+
+        g, progress, column, floored = self.config.group_size, self._progress(batch, agent), list(column), 0
+        for start in range(0, len(column), g):
+            team = [e.team_reward() for e in batch.episodes[start:start + g]]
+            if all(math.isnan(r) or r <= 0 for r in team):
+                column[start:start + g], count = apply_floor_reward(column[start:start + g], g,
+                                                                    progress[start:start + g], self.config.floor_reward)
+                floored += count
+        return column, floored
+
+    def _progress(self, batch, agent: str) -> list[float]:
+        """Partial progress of an agent per episode: the mean token logprob of its sampled messages."""
+        values = []
+        for episode in batch.episodes:
+            scores = []
+            for turn in episode.turns:
+                if turn.agent == agent and turn.actor is not None:
+                    rows = batch.generations[turn.actor][turn.batch]
+                    mask = rows.completion_mask[turn.row]
+                    scores.append(((rows.logprobs[turn.row] * mask).sum() / mask.sum().clamp(min=1)).item())
+            values.append(statistics.fmean(scores) if scores else -math.inf)
+        return values
+
+    def _role_advantages(self, rewards) -> dict[str, list[float]]:
+        """Each agent's rewards normalised within its task groups (role-conditioned GRPO advantages)."""
+        from trainers.grpo.objective import group_advantages
+
+        advantages = {}
+        for agent in self.agents:
+            column = torch.tensor([row[agent] for row in rewards], dtype=torch.float64)
+            advantages[agent] = group_advantages(column, self.config.group_size, self.config.scale_rewards).tolist()
+        return advantages
+
+    def _has_samples(self, batch, actor: str) -> bool:
+        return bool(batch.generations.get(actor))
+
+    def _samples(self, batch, actor: str, advantages):
+        """The actor's sampled turns as one Completions batch with each turn's advantage."""
+        from trainers.policy.sampling import concat_completions, select_rows
+
+        offsets, total = [], 0
+        for rows in batch.generations[actor]:
+            offsets.append(total)
+            total += rows.completion_ids.size(0)
+        index, values = [], []
+        for e, episode in enumerate(batch.episodes):
+            for turn in episode.turns:
+                if turn.actor == actor:
+                    index.append(offsets[turn.batch] + turn.row)
+                    values.append(advantages[turn.agent][e])
+        merged = concat_completions(batch.generations[actor])
+        return select_rows(merged, torch.tensor(index)), torch.tensor(values, dtype=torch.float32)
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _record_results(self, tasks, batch, opponent) -> None:
+        """Pass rates for the bucket sampler, and match results for the opponent pool."""
+        g = self.config.group_size
+        for index, task in enumerate(tasks):
+            group = [success(e, self.spec.mode) for e in batch.episodes[index * g:(index + 1) * g]]
+            group = [s for s in group if not math.isnan(s)]
+            if group and task.id in self.tasks:
+                self.buckets.update(task.id, statistics.fmean(group))
+        self.totals["episodes"] += len(batch.episodes)
+        self.totals["masked_episodes"] += sum(_masked(e) for e in batch.episodes)
+        if self.pool is not None:
+            self._record_matches(batch, opponent)
+            if (self.step_count + 1) % self.spec.train.selfplay.snapshot_every == 0:
+                self.pool.add_snapshot(self.step_count + 1, _snapshot(self.actors["shared"].model))
+
+    def _metrics(self, batch, rewards, credits, bucket, guards, updates, times, opponent) -> dict[str, float]:
+        episodes = batch.episodes
+        team = [e.team_reward() for e in episodes]
+        valid = [r for r in team if not math.isnan(r)]
+        metrics = {"train/step": self.step_count, "train/bucket": bucket,
+                   "train/reward": statistics.fmean(valid) if valid else math.nan,
+                   "train/team_success": nanmean([success(e, self.spec.mode) for e in episodes]),
+                   "judge/masked_episodes": sum(_masked(e) for e in episodes),
+                   "judge/masked_total": self.totals["masked_episodes"], **guards, **times}
+        for agent in self.agents:
+            metrics[f"train/agent/{agent}/reward"] = nanmean([row[agent] for row in rewards])
+            if self.spec.mode != "cooperative":
+                metrics[f"train/agent/{agent}/win_rate"] = nanmean([_won(e, agent) for e in episodes])
+        if credits is not None:
+            metrics.update(credit_shares(credits, self.agents))
+            lost = sum(c is None and not _masked(e) for e, c in zip(episodes, credits))
+            self.totals["masked_credit"] += lost
+            metrics["judge/masked_credit"] = lost
+        for name, update in updates.items():
+            for key in ("loss", "grad_norm", "clip_fraction", "trained_rows"):
+                metrics[f"policy/{name}/{key}"] = update[key]
+            if update["kl"] is not None:
+                metrics["train/kl" if len(updates) == 1 else f"policy/{name}/kl"] = update["kl"]
+        if updates:
+            metrics["train/loss"] = statistics.fmean(u["loss"] for u in updates.values())
+        metrics["train/lr"] = next(iter(self.learners.values())).lr()
+        for index, rate in self.buckets.pass_rates().items():
+            metrics[f"bucket/{index}/pass_rate"] = rate
+        if self.pool is not None:
+            metrics.update(self.pool.ratings_metrics())
+            metrics["selfplay/against_snapshot"] = float(opponent is not None)
+        return metrics
+
+    def restart_frozen_copies(self) -> None:
+        """After a warm-up changed the weights: the KL references and the opponent pool start from them."""
+        for name, learner in self.learners.items():
+            if learner.reference is not None:
+                learner.reference.load_state_dict(self.actors[name].model.state_dict())
+        if self.pool is not None:
+            self.pool = self._opponent_pool()
+
+    # -- self-play --------------------------------------------------------------------------------
+
+    def _opponent_pool(self):
+        from trainers.grpo.learner import frozen_copy
+        from marl.selfplay import OpponentPool
+
+        settings = self.spec.train.selfplay
+        shared = self.actors.get("shared")
+        if shared is None or not shared.trainable or set(self.seats.values()) != {"shared"}:
+            raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
+                             "train.selfplay.enabled: false or make every agent's policy 'shared'")
+        from trainers.policy.actors import ModelActor
+
+        self.actors[OPPONENT] = ModelActor(OPPONENT, frozen_copy(shared.model), shared.tokenizer, trainable=False,
+                                           temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99)
+        pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
+                            seed=self.config.seed)
+        pool.add_snapshot(0, _snapshot(shared.model))
+        return pool
+
+    def _pick_opponent(self):
+        """None (self-play) or the pool id of the snapshot the learner faces this step."""
+        if self.pool is None or self.rng.random() < self.spec.train.selfplay.self_play_fraction:
+            return None
+        opponent_id, snapshot = self.pool.sample()
+        self.actors[OPPONENT].model.load_state_dict(snapshot)
+        return opponent_id
+
+    def _record_matches(self, batch, opponent) -> None:
+        from marl.selfplay import match_score
+
+        if opponent is None:
+            return
+        for episode in batch.episodes:
+            learner = [a for a in self.agents if episode.job.seats.get(a) != OPPONENT]
+            others = [a for a in self.agents if a not in learner]
+            if any(math.isnan(episode.rewards.get(a, math.nan)) for a in self.agents):
+                continue
+            self.pool.record(opponent, match_score(episode.rewards, learner, others))
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def export_models(self) -> dict[str, tuple]:
+        """Checkpoint directory name -> (model, tokenizer) of every trainable actor."""
+        return {("model" if name == "shared" else f"model-{name}"): (self.actors[name].model, self.actors[name].tokenizer)
+                for name in self.learners}
+
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue like an uninterrupted one."""
+        return {"step": self.step_count, "totals": dict(self.totals), "config": asdict(self.config),
+                "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
+                "generators": {name: a.generator.get_state() for name, a in self.actors.items()
+                               if hasattr(a, "generator")},
+                "scripted_rngs": {name: list(a.policy.rng.getstate()) for name, a in self.actors.items()
+                                  if hasattr(getattr(a, "policy", None), "rng")},
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                "rng": self.rng.getstate(), "buckets": self.buckets.state_dict(),
+                "pool": self.pool.state_dict() if self.pool is not None else None,
+                "scenario": resume_fingerprint(self.spec)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()` (same scenario, actors and config; more steps are allowed)."""
+        changed = _differences(state.get("scenario", {}), resume_fingerprint(self.spec))
+        if changed:
+            raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
+                             "with the same scenario and --set values (only step counts may change), or start a "
+                             "new run directory")
+        self.step_count, self.totals = state["step"], dict(state["totals"])
+        for name, learner in self.learners.items():
+            learner.load_state_dict(state["learners"][name])
+        for name, generator_state in state["generators"].items():
+            self.actors[name].generator.set_state(generator_state)
+        for name, rng_state in state.get("scripted_rngs", {}).items():  # seeded scripted policies (random)
+            self.actors[name].policy.rng.setstate(_as_tuple_state(rng_state))
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.rng.setstate(_as_tuple_state(state["rng"]))
+        self.buckets.load_state_dict(state["buckets"])
+        if self.pool is not None and state.get("pool") is not None:
+            self.pool.load_state_dict(state["pool"])
+
+
+STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
+             ("train", "safety", "steps"), ("train", "max_masked_fraction")}  # a stopped run may resume with a new limit
+
+
+def resume_fingerprint(spec) -> dict:
+    """The scenario as plain data, minus what a resumed run may change (step counts, threads, tracking)."""
+    data = spec.model_dump(mode="json")
+    for path in STEP_KEYS:
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1], None)
+    return data
+
+
+def _differences(saved, current, path: str = "") -> list[str]:
+    """'key.path: saved -> current' for every leaf that differs."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [line for key in sorted(set(saved) | set(current))
+                for line in _differences(saved.get(key), current.get(key), f"{path}.{key}" if path else key)]
+    return [] if saved == current else [f"{path}: {saved!r} -> {current!r}"]
+
+
+def success(episode, mode: str) -> float:
+    """Team success of an episode: the outcome layer is fully met (cooperative) or the episode was
+    decided (competitive: someone won); NaN when masked."""
+    if mode == "cooperative":
+        breakdown = episode.breakdown.get("team")
+        if breakdown is None or math.isnan(breakdown.total):
+            return math.nan
+        outcome = breakdown.layers.get("outcome")
+        return float(outcome is not None and outcome >= 1.0)
+    values = list(episode.rewards.values())
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return float(max(values) > min(values) + 1e-9)
+
+
+def _won(episode, agent: str) -> float:
+    """1 when the agent's zero-sum reward beats every other agent's, 0 otherwise, NaN when masked."""
+    rewards = episode.rewards
+    if any(math.isnan(v) for v in rewards.values()):
+        return math.nan
+    return float(all(rewards[agent] > value + 1e-9 for other, value in rewards.items() if other != agent))
+
+
+def _masked(episode) -> bool:
+    return any(math.isnan(v) for v in episode.rewards.values())
+
+
+def nanmean(values) -> float:
+    """Mean of the non-NaN values (NaN when there are none)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else math.nan
+
+
+def _snapshot(model) -> dict:
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def _as_tuple_state(state):
+    """random.Random states come back from torch.load as lists; setstate needs tuples."""
+    version, internal, gauss = state
+    return version, tuple(internal), gauss
