@@ -1,9 +1,11 @@
-"""Policies for tests and baselines, and a rollout loop that plays episodes with them.
+"""Policies for tests and baselines, and the one-episode view of the engine for them.
 
 A policy is `policy(agent, observation, task) -> text`. Built-in: `expert` (the scenario's expert
 function), `null` (always the empty message), `random` (printable noise, seeded) and any scripted
-'module:function' with the same signature. `rollout` plays one episode through the PettingZoo API
-and returns what happened; `mean_reward` averages team rewards over tasks.
+'module:function' with the same signature. `rollout` plays one episode with one policy for every
+agent and returns what happened; it is no loop of its own but `marl.rollout.EpisodePlayer` (the
+engine) with the policy as its only actor, called agent by agent in the environment's order.
+`mean_reward` averages team rewards over tasks.
 """
 
 from __future__ import annotations
@@ -89,21 +91,14 @@ class EpisodeResult:
 
 
 def rollout(env, policy: Policy, task: Task | str | int | None = None, seed: int = 0) -> EpisodeResult:
-    """Play one episode of a ScenarioEnv with `policy` for every agent whose turn it is."""
-    observations, infos = env.reset(seed=seed, options={"task": task} if task is not None else None)
-    heard, rewards = [], {}
-    while env.agents:
-        acting = env.acting_agents()
-        actions = {}
-        for agent in env.agents:
-            text = policy(agent, observations[agent]["text"], env.task) if agent in acting else ""
-            actions[agent] = {"text": text}
-            if agent in acting:
-                heard.append({"agent": agent, "observation": observations[agent]["text"], "action": text})
-        observations, rewards, _, _, infos = env.step(actions)
-    validity = {agent: info.get("tool_validity") for agent, info in infos.items()}
-    return EpisodeResult(task=env.task, transcript=env.transcript, rewards=rewards, breakdown=env.breakdown or {},
-                         tool_validity=validity, observations=heard)
+    """Play one episode of a ScenarioEnv with `policy` for every agent whose turn it is (through the engine)."""
+    from marl.rollout import EpisodeJob, policy_player
+
+    player = policy_player(env, policy, order=env.possible_agents)
+    [episode] = player.play([EpisodeJob(task, seed)]).episodes
+    heard = [{"agent": t.agent, "observation": t.observation, "action": t.text} for t in episode.turns]
+    return EpisodeResult(task=episode.task, transcript=episode.transcript, rewards=episode.rewards,
+                         breakdown=episode.breakdown, tool_validity=episode.tool_validity, observations=heard)
 
 
 def mean_reward(env, policy: Policy, tasks: list[Task], seed: int = 0) -> float:

@@ -1,33 +1,67 @@
-"""Play many episodes of a scenario in lockstep, with one batched generate call per actor per turn.
+"""The one episode engine: play many episodes of a scenario in lockstep, with one batched call per
+actor per turn. Training, evaluation, replay credit, scenario coalition values and `policies.rollout`
+all play through `EpisodePlayer`.
 
 `EpisodePlayer.play(jobs)` resets one environment per job and advances them all together: at every
 turn-step the agents whose turn it is, in every live episode, are answered by ONE `act` call per
 (actor, token budget) (batching across agents and episodes is where rollout speed comes from).
 Each heard message is recorded as a `Turn`; turns a trainable model produced point at their row of
-the sampled tokens, so the trainer can train on them once advantages are known.
+the sampled tokens, so the trainer can train on them once advantages are known. An actor is anything
+with `act(requests, *, max_new_tokens, greedy)` returning `.texts` (and `.completions`, the sampled
+tokens, or None); `PolicyActor` makes one of a plain `policy(agent, observation, task) -> text`.
 
-Counterfactual replays for credit assignment are jobs too. A job can carry a `reference` (the turns
-of an episode already played) and a coalition: agents outside it are absent (`absent_mode`), agents
-inside it repeat their recorded message while their observation is unchanged (common random
-numbers: the same input gets the same sample), and are sampled afresh once what they see differs.
+Counterfactuals for credit assignment are jobs too. A job can carry a coalition: the agents outside
+it are absent, in one of the `ABSENT_MODES` (the scenario's `credit.absent`):
 
-    null_message    the absent agent's turns produce an empty message
-    skip_turn       the absent agent's turns are skipped (nothing of it is heard or recorded)
-    default_policy  a stand-in actor (credit.default_policy) speaks for it
-    resample        the agent's own actor samples a fresh message (a marginalising baseline)
-    replay          as null_message (the recorded prefix is kept, downstream agents regenerate)
-    mask            handled without playing: see `marl.credit.coalitions.masked_team_reward`
+    null_message    the absent agent's turns produce an empty message (the others see it said nothing)
+    skip_turn       the absent agent's turns are skipped: nothing of it is heard or recorded
+    default_policy  a stand-in policy (`credit.default_policy`, 'module:function') speaks for it
+    resample        the agent's own actor samples a fresh message (a marginalising baseline); a
+                    scripted policy is called with another seed, so it must accept `seed=`
+    replay          as null_message, replaying the full-team episode: recorded messages are kept up to
+                    the change, present agents regenerate what comes after it
+    mask            no re-run at all: the full-team transcript with the absent agents' messages (and
+                    their tool calls) blanked, scored again (`marl.credit.coalitions.masked_team_reward`)
+
+Replays reuse recorded messages with common random numbers (the same input gets the same sample), by
+one of two rules:
+
+    reference   (turn, agent) -> recorded Turn: a present agent repeats its recorded message while
+                its observation is unchanged, and is sampled afresh once what it sees differs (replay
+                credit of a trainer's episodes, every mode). Replays sharing a `memo` share their
+                fresh samples too: the same agent seeing the same thing at the same turn says the same
+                thing in every coalition.
+    history     the recorded transcript: a present agent repeats its next recorded message while the
+                transcript so far is exactly the recorded one (the scenario coalition value's replay)
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from marl.types import Task
 
-
+ABSENT_MODES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
 JUDGE_THREADS = 32  # threads scoring finished episodes at once (their judge calls overlap)
+
+
+class AbsentModeError(ValueError):
+    """An absent mode that cannot be played: unknown, or missing what it needs (a default policy)."""
+
+
+def check_absent_mode(mode: str) -> str:
+    """The mode if it is one of ABSENT_MODES, else an AbsentModeError listing them."""
+    if mode not in ABSENT_MODES:
+        raise AbsentModeError(f"absent={mode!r} is not one of {', '.join(ABSENT_MODES)}")
+    return mode
+
+
+def team_reward(rewards: dict[str, float]) -> float:
+    """The cooperative team reward of per-agent rewards (all equal), NaN when there are none."""
+    values = list(rewards.values())
+    return values[0] if values else math.nan
 
 
 @dataclass
@@ -47,14 +81,15 @@ class Turn:
 class EpisodeJob:
     """One episode to play: a task and seed, optional seat overrides, optional counterfactual."""
 
-    task: Task
+    task: Task  # a Task (or a task id, an index, None: drawn with the seed, as ScenarioEnv.reset takes)
     seed: int
     seats: dict[str, str] = field(default_factory=dict)  # agent -> actor, overriding the default seating
     coalition: frozenset | None = None  # counterfactual: only these agents are present (None: everyone)
     absent_mode: str = "null_message"
-    reference: dict[tuple[int, str], Turn] | None = None  # (turn, agent) -> recorded turn
+    reference: dict[tuple[int, str], Turn] | None = None  # (turn, agent) -> recorded turn (observation rule)
     prefix: str = ""  # prepended to every observation (the reflection stage's failure reason)
     memo: dict | None = None  # shared by the replays of one episode: (turn, agent, seen, present) -> message
+    history: list[dict] | None = None  # recorded transcript (agent, text, turn): the history rule
 
 
 @dataclass
@@ -68,11 +103,10 @@ class Episode:
     transcript: list[dict]
     tool_validity: dict[str, float | None]
     tool_log: list = field(default_factory=list)
+    task: Task | None = None  # the task played (job.task resolved by the environment)
 
     def team_reward(self) -> float:
         """The cooperative team reward (every agent's reward is the same), NaN when masked."""
-        from marl.credit.coalitions import team_reward
-
         return team_reward(self.rewards)
 
     def reference(self) -> dict[tuple[int, str], Turn]:
@@ -88,19 +122,60 @@ class EpisodeBatch:
     generations: dict[str, list] = field(default_factory=lambda: defaultdict(list))
 
 
-class EpisodePlayer:
-    """Plays jobs of one scenario in lockstep with its actors (environments are reused across calls)."""
+@dataclass
+class Generation:
+    """What an actor said for a batch: texts, and the sampled tokens when a model produced them."""
 
-    def __init__(self, scenario, actors: dict, seats: dict[str, str], *, default_policy=None):
+    texts: list
+    completions: object | None = None
+
+
+class PolicyActor:
+    """A frozen `policy(agent, observation, task) -> text` as an actor (token budgets are ignored).
+
+    Without `order`, a policy with a `batch(requests)` method (an LLM answering many prompts at once)
+    gets one call per batch. With `order` (agent names), the policy is called once per request, in
+    that order within a batch, as a loop over the environment's agents would call it (the order
+    matters to a policy with state, such as a seeded random one)."""
+
+    trainable = False
+
+    def __init__(self, policy, order=None):
+        self.policy = policy
+        self.rank = {agent: index for index, agent in enumerate(order)} if order is not None else None
+
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens=None, greedy: bool = False) -> Generation:
+        """One message per request (see the class doc)."""
+        batch = getattr(self.policy, "batch", None) if self.rank is None else None
+        if batch is not None:
+            return Generation(list(batch(list(requests))))
+        indices = range(len(requests))
+        if self.rank is not None:
+            indices = sorted(indices, key=lambda i: self.rank.get(requests[i][0], len(self.rank)))
+        texts = [None] * len(requests)
+        for i in indices:
+            texts[i] = self.policy(*requests[i])
+        return Generation(texts)
+
+
+class EpisodePlayer:
+    """Plays jobs of one scenario in lockstep with its actors (environments are reused across calls).
+
+    `default_policy`: the stand-in of absent_mode default_policy (None: the scenario's
+    credit.default_policy, resolved when first needed). `env`: the first environment (its tasks and
+    scorer are shared by the others; default: a new ScenarioEnv). `max_tokens`: each agent's token
+    budget (default: the scenario's); agents with the same actor and budget are answered in one call.
+    """
+
+    def __init__(self, scenario, actors: dict, seats: dict[str, str], *, default_policy=None, env=None,
+                 max_tokens: dict | None = None):
         from marl.env import ScenarioEnv
 
         self.scenario, self.actors, self.seats = scenario, actors, seats
-        credit = scenario.spec.credit
-        if default_policy is None and credit.default_policy:
-            default_policy = scenario.resolve(credit.default_policy)
-        self.default_policy = default_policy
-        self.max_tokens = {agent.name: agent.max_tokens for agent in scenario.spec.agents}
-        self._first = ScenarioEnv(scenario)
+        self._default_policy = default_policy
+        self.max_tokens = dict(max_tokens) if max_tokens is not None else \
+            {agent.name: agent.max_tokens for agent in scenario.spec.agents}
+        self._first = env if env is not None else ScenarioEnv(scenario)
         self._envs = [self._first]
         self.judged = bool(scenario.spec.judges)  # model judges: score finished episodes concurrently
 
@@ -108,6 +183,18 @@ class EpisodePlayer:
     def scorer(self):
         """The reward scorer every environment shares (judges are built once)."""
         return self._first.scorer
+
+    @property
+    def visibility(self):
+        """The scenario's visibility graph (who sees whose messages): Myerson credit's graph."""
+        return self._first.visibility
+
+    @property
+    def default_policy(self):
+        """The stand-in for absent agents (absent_mode default_policy), or None when there is none."""
+        if self._default_policy is None and self.scenario.spec.credit.default_policy:
+            self._default_policy = self.scenario.resolve(self.scenario.spec.credit.default_policy)
+        return self._default_policy
 
     def _environments(self, count: int) -> list:
         from marl.env import ScenarioEnv
@@ -132,7 +219,8 @@ class EpisodePlayer:
         for k, (env, job) in enumerate(zip(envs, jobs)):
             validity = {agent: info.get("tool_validity") for agent, info in infos[k].items()}
             batch.episodes.append(Episode(job, turns[k], rewards[k], env.breakdown or {},
-                                          [dict(t) for t in env.transcript], validity, list(env.tool_log)))
+                                          [dict(t) for t in env.transcript], validity, list(env.tool_log),
+                                          task=env.task))
         return batch
 
     def _step_all(self, envs: list, actions: list[dict]) -> list[tuple]:
@@ -161,7 +249,7 @@ class EpisodePlayer:
                 observation = job.prefix + observations[k][agent]["text"]
                 turn = Turn(agent, env.turn_index, observation, "")
                 turns[k].append(turn)
-                decided = self._without_generation(job, agent, turn, env.task)
+                decided = self._without_generation(job, agent, turn, env)
                 key = self._memo_key(job, turn)
                 if decided is None and key is not None:
                     decided = job.memo.get(key)
@@ -203,18 +291,31 @@ class EpisodePlayer:
     def _actor_for(self, job: EpisodeJob, agent: str) -> str:
         return job.seats.get(agent, self.seats[agent])
 
-    def _without_generation(self, job: EpisodeJob, agent: str, turn: Turn, task: Task) -> str | None:
+    def _without_generation(self, job: EpisodeJob, agent: str, turn: Turn, env) -> str | None:
         """The message when no sampling is needed: absent agents and unchanged replayed turns."""
         present = job.coalition is None or agent in job.coalition
         if not present:
             if job.absent_mode == "default_policy":
                 if self.default_policy is None:
-                    raise ValueError("credit.absent 'default_policy' needs credit.default_policy (module:function)")
-                return str(self.default_policy(agent, turn.observation, task))
+                    raise AbsentModeError("credit.absent 'default_policy' needs credit.default_policy "
+                                          "(module:function)")
+                return str(self.default_policy(agent, turn.observation, env.task))
             if job.absent_mode == "resample":
                 return None
             return ""
+        if job.history is not None:  # history rule: the recorded message while nothing heard has changed
+            index, history = len(env.transcript), job.history
+            if index < len(history) and history[index]["agent"] == agent and env.transcript == history[:index]:
+                return history[index]["text"]
+            return None
         recorded = job.reference.get((turn.turn, agent)) if job.reference else None
         if recorded is not None and recorded.observation == turn.observation:
             return recorded.text
         return None
+
+
+def policy_player(env, policy, *, default_policy=None, order=None) -> EpisodePlayer:
+    """A player in which one policy speaks for every agent of `env` (reused as the first environment)."""
+    agents = list(env.possible_agents)
+    return EpisodePlayer(env.scenario, {"policy": PolicyActor(policy, order)}, dict.fromkeys(agents, "policy"),
+                         default_policy=default_policy, env=env, max_tokens=dict.fromkeys(agents))

@@ -3,30 +3,25 @@
 `ScenarioCoalitionValue(env, policy, task, absent=..., rollouts=R)` is a function v(S) -> float for
 the credit estimators in `marl.credit.estimators`: the team reward averaged over R seeded episodes of `task`
 in which the agents outside S are absent. Seeds are shared by every coalition (common random
-numbers), and each (coalition, seed) episode is played once and cached.
-
-What "absent" means is a choice (the scenario's `credit.absent`):
-
-    null_message    the absent agent's turns produce an empty message (others see it said nothing)
-    skip_turn       the absent agent's turns are skipped: nothing of it is heard or recorded
-    default_policy  a stand-in policy (`credit.default_policy`, 'module:function') speaks for it
-    resample        the agent's own policy is sampled again with another seed (the policy must
-                    accept a `seed=` keyword; deterministic scripted policies cannot be resampled)
-    replay          replay of the full-team episode: messages before the first absent turn are kept,
-                    the absent agent says nothing, and present agents regenerate everything after it
-    mask            no re-run at all: the full-team transcript with the absent agents' messages (and
-                    their tool calls) blanked, scored again
+numbers), and each (coalition, seed) episode is played once and cached. The episodes are played by
+the one engine, `marl.rollout.EpisodePlayer`, with `policy` speaking for every agent; what "absent"
+means is one of `marl.rollout.ABSENT_MODES` (the scenario's `credit.absent`, documented there).
+`replay` uses the engine's history rule (the full-team transcript kept up to the first change) and
+`mask` re-runs nothing (`masked_team_reward`).
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import statistics
 
+from marl.rollout import (ABSENT_MODES, EpisodeJob, PolicyActor, check_absent_mode, policy_player,
+                          team_reward)
 from marl.types import Task
 
-ABSENT_POLICIES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
+ABSENT_POLICIES = ABSENT_MODES  # the name this module used before the engine owned the list
+BATCHED = ("null_message", "skip_turn", "default_policy")  # played in lockstep; the others one at a time
+RESAMPLE_SEED = 1_000_003  # resample: an absent agent's policy is called with seed + this
 
 
 class ScenarioCoalitionValue:
@@ -34,8 +29,7 @@ class ScenarioCoalitionValue:
 
     def __init__(self, env, policy, task: Task, *, absent: str = "null_message", rollouts: int = 1, seed: int = 0,
                  default_policy=None):
-        if absent not in ABSENT_POLICIES:
-            raise ValueError(f"absent={absent!r} is not one of {', '.join(ABSENT_POLICIES)}")
+        check_absent_mode(absent)
         if env.scenario.spec.mode != "cooperative":
             raise ValueError(f"credit splits a team reward; scenario {env.scenario.spec.name!r} is "
                              f"{env.scenario.spec.mode} (zero-sum rewards are already per agent)")
@@ -50,63 +44,34 @@ class ScenarioCoalitionValue:
         self.seeds = [seed + r for r in range(rollouts)]
         self.returns: dict[tuple[frozenset, int], float] = {}
         self.transcripts: dict[tuple[frozenset, int], tuple[list, list]] = {}
+        # `env` is the engine's first environment; lockstep batches add more that share its scorer
+        self.player = policy_player(env, policy, default_policy=default_policy)
 
     def __call__(self, coalition: frozenset) -> float:
         """Mean team reward over the shared seeds (NaN if a judge failed on some episode)."""
         return statistics.fmean(self.episode_return(frozenset(coalition), seed) for seed in self.seeds)
 
     def evaluate_many(self, coalitions) -> int:
-        """Play every missing (coalition, seed) episode in lockstep; return how many were played.
+        """Play every missing (coalition, seed) episode; return how many were played.
 
-        At each turn the present agents of all those episodes are answered together: by ONE call of
+        For null_message, skip_turn and default_policy they are played in lockstep: at each turn the
+        present agents of all those episodes are answered together, by ONE call of
         `policy.batch([(agent, observation, task), ...])` when the policy has a `batch` method (an LLM
-        policy generating for many prompts at once), else one call each. Used for null_message,
-        skip_turn and default_policy; the replay-based policies run one episode at a time.
+        policy generating for many prompts at once), else one call each. The replay-based modes
+        (resample, replay, mask) play one episode at a time.
         """
         pending = [(frozenset(c), seed) for c in coalitions for seed in self.seeds
                    if (frozenset(c), seed) not in self.returns]
         pending = list(dict.fromkeys(pending))
-        if not pending or self.absent not in ("null_message", "skip_turn", "default_policy"):
+        if self.absent not in BATCHED:
             for coalition, seed in pending:
                 self.episode_return(coalition, seed)
             return len(pending)
-        from marl.env import ScenarioEnv
-
-        envs = [ScenarioEnv(self.env.scenario, tasks=[self.task]) for _ in pending]
-        observations = [env.reset(seed=seed, options={"task": self.task, "absent": self._skipped(coalition)})[0]
-                        for env, (coalition, seed) in zip(envs, pending)]
-        rewards = [{} for _ in pending]
-        while any(env.agents for env in envs):
-            live = [k for k, env in enumerate(envs) if env.agents]
-            texts = self._batched_actions([(k, agent, observations[k][agent]["text"], pending[k][0])
-                                           for k in live for agent in envs[k].acting_agents()])
-            for k in live:
-                actions = {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents}
-                observations[k], rewards[k], *_ = envs[k].step(actions)
-        for (coalition, seed), env, reward in zip(pending, envs, rewards):
-            self.returns[coalition, seed] = team_reward(reward)
-            if coalition == frozenset(self.players):
-                self.transcripts[coalition, seed] = ([dict(t) for t in env.transcript], list(env.tool_log))
+        if pending:
+            jobs = [EpisodeJob(self.task, seed, coalition=coalition, absent_mode=self.absent)
+                    for coalition, seed in pending]
+            self._record(self.player.play(jobs).episodes)
         return len(pending)
-
-    def _skipped(self, coalition: frozenset) -> frozenset:
-        return frozenset(self.players) - coalition if self.absent == "skip_turn" else frozenset()
-
-    def _batched_actions(self, requests: list[tuple[int, str, str, frozenset]]) -> dict[tuple[int, str], str]:
-        """Texts for every (episode, agent) request: present agents through one batched policy call."""
-        texts, present = {}, []
-        for k, agent, observation, coalition in requests:
-            if agent in coalition:
-                present.append((k, agent, observation))
-            elif self.absent == "default_policy":
-                texts[k, agent] = self.default_policy(agent, observation, self.task)
-            else:
-                texts[k, agent] = ""
-        batch = getattr(self.policy, "batch", None)
-        calls = [(agent, observation, self.task) for _, agent, observation in present]
-        answers = batch(calls) if batch is not None else [self.policy(*call) for call in calls]
-        texts.update({(k, agent): answer for (k, agent, _), answer in zip(present, answers)})
-        return texts
 
     def episode_return(self, coalition: frozenset, seed: int) -> float:
         """The team reward of one seeded episode with `coalition` present (cached)."""
@@ -117,37 +82,34 @@ class ScenarioCoalitionValue:
 
     # -- episodes ---------------------------------------------------------------------------------
 
-    def _play(self, coalition: frozenset, seed: int) -> float:
-        if self.absent == "mask" and coalition != frozenset(self.players):
-            return self._masked(coalition, seed)
-        reference = self._reference(seed) if self.absent == "replay" and coalition != frozenset(self.players) else None
-        skip = frozenset(self.players) - coalition if self.absent == "skip_turn" else frozenset()
-        observations, _ = self.env.reset(seed=seed, options={"task": self.task, "absent": skip})
-        rewards = {}
-        while self.env.agents:
-            acting = self.env.acting_agents()
-            actions = {agent: {"text": self._act(agent, observations[agent]["text"], coalition, seed, reference)
-                               if agent in acting else ""} for agent in self.env.agents}
-            observations, rewards, *_ = self.env.step(actions)
-        if coalition == frozenset(self.players):
-            self.transcripts[coalition, seed] = ([dict(t) for t in self.env.transcript], list(self.env.tool_log))
-        return team_reward(rewards)
+    def _record(self, episodes) -> None:
+        """Cache the team reward of played episodes, and the transcript of full-team ones."""
+        for episode in episodes:
+            coalition, seed = episode.job.coalition, episode.job.seed
+            self.returns[coalition, seed] = episode.team_reward()
+            if coalition == frozenset(self.players):
+                self.transcripts[coalition, seed] = (episode.transcript, episode.tool_log)
 
-    def _act(self, agent: str, observation: str, coalition: frozenset, seed: int, reference) -> str:
-        if agent in coalition:
-            if reference is not None:  # replay: keep the original message while history is unchanged
-                index = len(self.env.transcript)
-                if self.env.transcript == reference[:index] and index < len(reference) \
-                        and reference[index]["agent"] == agent:
-                    return reference[index]["text"]
-            return self.policy(agent, observation, self.task)
-        if self.absent == "default_policy":
-            return self.default_policy(agent, observation, self.task)
+    def _play(self, coalition: frozenset, seed: int) -> float:
+        """One episode alone, its policy called agent by agent in the environment's order."""
+        everyone = frozenset(self.players)
+        if self.absent == "mask" and coalition != everyone:
+            return self._masked(coalition, seed)
+        history = self._reference(seed) if self.absent == "replay" and coalition != everyone else None
+        policy = self.policy
         if self.absent == "resample":
-            return self.policy(agent, observation, self.task, seed=seed + 1_000_003)
-        return ""
+            policy = _Resampling(self.policy, coalition, seed + RESAMPLE_SEED)
+        self.player.actors["policy"] = PolicyActor(policy, order=self.players)
+        try:
+            [episode] = self.player.play([EpisodeJob(self.task, seed, coalition=coalition,
+                                                     absent_mode=self.absent, history=history)]).episodes
+        finally:
+            self.player.actors["policy"] = PolicyActor(self.policy)  # lockstep batches: policy.batch if any
+        self._record([episode])
+        return episode.team_reward()
 
     def _reference(self, seed: int) -> list[dict]:
+        """The full-team transcript of `seed` (played first if needed), as (agent, text, turn) entries."""
         full = frozenset(self.players)
         if (full, seed) not in self.transcripts:
             self.returns[full, seed] = self._play(full, seed)
@@ -157,6 +119,18 @@ class ScenarioCoalitionValue:
         self._reference(seed)
         transcript, tool_log = self.transcripts[frozenset(self.players), seed]
         return masked_team_reward(self.env.scorer, self.task, transcript, tool_log, coalition, self.players)
+
+
+class _Resampling:
+    """The policy of a resample episode: present agents as usual, absent ones with another seed."""
+
+    def __init__(self, policy, coalition: frozenset, seed: int):
+        self.policy, self.coalition, self.seed = policy, coalition, seed
+
+    def __call__(self, agent: str, observation: str, task: Task) -> str:
+        if agent in self.coalition:
+            return self.policy(agent, observation, task)
+        return self.policy(agent, observation, task, seed=self.seed)
 
 
 def masked_team_reward(scorer, task: Task, transcript: list[dict], tool_log, coalition: frozenset,
@@ -190,12 +164,6 @@ def coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
         undirected = nx.Graph(graph)
         return [s for s in subsets if len(s) <= 1 or nx.is_connected(undirected.subgraph(s))]
     return subsets
-
-
-def team_reward(rewards: dict[str, float]) -> float:
-    """The cooperative team reward of per-agent rewards (all equal), NaN when there are none."""
-    values = list(rewards.values())
-    return values[0] if values else math.nan
 
 
 def episode_credit(env, policy, task: Task, credit=None, *, seed: int = 0):

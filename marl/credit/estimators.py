@@ -38,13 +38,13 @@ import numpy as np
 
 from marl.credit import sampling
 from marl.credit.exact import (MAX_LEAST_CORE_PLAYERS, MAX_MYERSON_CONNECTED, BatchValue, CachedValue,
-                               CoalitionError, CoalitionTable, CreditEstimate, as_cached_value, banzhaf_weights,
-                               connected_coalitions, exact_table, least_core_exact,
+                               CoalitionError, CoalitionTable, CreditEstimate, NonFiniteValue, as_cached_value,
+                               banzhaf_weights, connected_coalitions, exact_table, least_core_exact,
                                myerson_from_dividends, owen_exact, semivalue, shapley_weights, validate_players)
 
 __all__ = ["DEFAULT_BUDGET", "BatchValue", "CachedValue", "CoalitionError", "CoalitionTable", "CreditEstimate",
-           "banzhaf", "difference_rewards", "exact_table", "least_core", "minimum_budget", "myerson", "owen",
-           "shapley"]
+           "NonFiniteValue", "banzhaf", "difference_rewards", "exact_table", "least_core", "minimum_budget", "myerson",
+           "owen", "shapley"]
 
 DEFAULT_BUDGET = (1 << 12) - 1
 AUTO_KERNEL_MAX_PLAYERS = 12  # auto uses KernelSHAP up to here: its enumerated sizes hold most of the weight

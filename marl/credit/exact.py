@@ -55,6 +55,10 @@ class CoalitionError(ValueError):
         super().__init__(f"value of coalition {coalition_name(coalition)}: {reason}")
 
 
+class NonFiniteValue(CoalitionError):
+    """The value function returned NaN or an infinity for a coalition (a failed judge, in replay credit)."""
+
+
 def validate_players(players: Sequence[Hashable]) -> tuple:
     """The players as a tuple; refuses an empty sequence and duplicate names."""
     if isinstance(players, (str, bytes)):
@@ -82,7 +86,7 @@ def check_value(raw, coalition) -> tuple[float, np.ndarray | None]:
         raise CoalitionError(coalition, f"the value function returned an array of shape {array.shape}; "
                              "expected a number or a non-empty 1-D array of per-seed returns")
     if not np.all(np.isfinite(array)):
-        raise CoalitionError(coalition, f"the value function returned a non-finite value {raw!r}")
+        raise NonFiniteValue(coalition, f"the value function returned a non-finite value {raw!r}")
     if array.ndim == 0:
         return float(array), None
     return float(array.mean()), array

@@ -16,6 +16,7 @@ import math
 import statistics
 
 from marl.credit.coalitions import masked_team_reward
+from marl.credit.exact import NonFiniteValue
 from marl.rollout import EpisodeJob, EpisodePlayer
 
 
@@ -73,7 +74,7 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
 
     players = tuple(player.scenario.agent_names)
     everyone = frozenset(players)
-    needed = [c for c in coalitions_needed(credit, players, player._first.visibility) if c != everyone]
+    needed = [c for c in coalitions_needed(credit, players, player.visibility) if c != everyone]
     tables = [{everyone: e.team_reward()} for e in episodes]
     memos = [[{} for _ in range(credit.rollouts)] for _ in episodes]  # rollout r of every coalition shares samples
     _fill_values(player, episodes, tables, needed, credit, memos)
@@ -90,10 +91,8 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
             return table[coalition]
 
         try:
-            estimates.append(estimate_credit(credit, value, players, player._first.visibility))
-        except ValueError as error:
-            if "non-finite" not in str(error):
-                raise
+            estimates.append(estimate_credit(credit, value, players, player.visibility))
+        except NonFiniteValue:
             estimates.append(None)  # a sampled estimator met a failed replay: masked like a failed judge
     return estimates
 
