@@ -234,9 +234,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from trainers.cli.main import _quiet_libraries
+    from trainers.cli.common import quiet_libraries
 
-    _quiet_libraries()
+    quiet_libraries()
     torch.set_num_threads(1)
     seeds = list(range(args.seeds))
     print(f"relay with a free rider (right correct with p={args.p}); {args.seeds} seeds x {args.steps} steps; "

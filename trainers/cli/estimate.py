@@ -4,35 +4,30 @@ from __future__ import annotations
 
 import math
 
+from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
 
-def add_estimate_parser(commands) -> None:
+
+def add_parser(commands) -> None:
     """Register `marl estimate SCENARIO`."""
-    from trainers.cli.run import add_scenario_arguments
-
     estimate = commands.add_parser(
         "estimate", help="training tokens and a time estimate of `marl run`, from a short measured run")
     add_scenario_arguments(estimate)
     estimate.add_argument("--probe-steps", type=int, default=2,
                           help="trainer steps to measure (default 2; with 2 or more the first is left out as "
                                "warm-up); nothing is written to disk")
-    estimate.set_defaults(handler=estimate_command)
+    estimate.set_defaults(handler=run)
 
 
-def estimate_command(args) -> int:
+def run(args) -> int:
     """Validate, probe and print the estimate; a bad scenario prints its problems and exits 2."""
-    from trainers.cli.main import _quiet_libraries
-    from trainers.cli.run import report_problems
     from trainers.estimate import estimate_run
     from trainers.run import RunOptions
 
-    _quiet_libraries()
+    quiet_libraries()
     options = RunOptions(scenario=args.scenario, overrides=args.set, cache_dir=args.cache_dir)
-
-    def work() -> int:
+    with usage_errors(*training_errors()):
         print(format_estimate(estimate_run(options, args.probe_steps, log=lambda message: None)))
-        return 0
-
-    return report_problems(work)
+    return 0
 
 
 def format_estimate(f: dict) -> str:

@@ -1,4 +1,4 @@
-"""`marl eval SCENARIO --checkpoint DIR`: the held-out set at temperature 0 (metrics in trainers/team/evaluation.py).
+"""`marl eval SCENARIO --checkpoint DIR`: the held-out set at temperature 0 (work in trainers/evaluate.py).
 
     marl eval relay                                  the base model (train.model) on relay's held-out tasks
     marl eval relay --checkpoint runs/relay          the run's newest checkpoint (checkpoints/latest)
@@ -11,14 +11,13 @@ model agents the checkpoint has no directory for play the base model. eval.json 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from trainers.cli.common import UsageError, add_scenario_arguments, quiet_libraries, training_errors, usage_errors
 
-def add_eval_parser(commands) -> None:
+
+def add_parser(commands) -> None:
     """Register `marl eval SCENARIO`."""
-    from trainers.cli.run import add_scenario_arguments
-
     evaluate = commands.add_parser("eval", help="held-out metrics of a checkpoint at temperature 0 (JSON and markdown)")
     add_scenario_arguments(evaluate)
     evaluate.add_argument("--checkpoint", metavar="DIR",
@@ -32,29 +31,26 @@ def add_eval_parser(commands) -> None:
     evaluate.add_argument("--no-credit", action="store_true", help="skip credit replays (no credit summary, no "
                                                                    "effective reasoning rate)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (task i gets seed + i)")
-    evaluate.set_defaults(handler=eval_command)
+    evaluate.set_defaults(handler=run)
 
 
-def eval_command(args) -> int:
+def run(args) -> int:
     """Validate the scenario, load the checkpoint's models, evaluate, print a table, write the reports."""
-    from marl.scenario.load import ScenarioError, load_scenario
-    from trainers.cli.main import UsageError, _quiet_libraries
+    from marl.scenario.load import load_scenario
+    from trainers.evaluate import evaluate_checkpoint
+    from trainers.runs.layout import resolve_checkpoint, run_dir_of
 
-    _quiet_libraries()
-    try:
+    quiet_libraries()
+    with usage_errors(FileNotFoundError):  # a scenario's own problems are printed by main, one line each
         scenario = load_scenario(args.scenario, args.set)
         tasks = held_out_tasks(scenario, args.tasks)
-    except ScenarioError as error:
-        for problem in error.problems:
-            print(problem, file=sys.stderr)
-        return 2
-    except FileNotFoundError as error:
-        raise UsageError(str(error)) from None
     if args.retries < 0:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
-    checkpoint = resolve_checkpoint(args.checkpoint)
-    result = _evaluate(scenario, tasks, checkpoint, args)
-    out = Path(args.out) if args.out else default_out_dir(checkpoint, scenario.spec.name)
+    with usage_errors(*training_errors()):
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
+                                     credit=not args.no_credit, retries=args.retries)
+    out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
     json_path, md_path = _write(result, out)
     print(eval_table(result))
     print(f"wrote {json_path} and {md_path}")
@@ -63,8 +59,6 @@ def eval_command(args) -> int:
 
 def held_out_tasks(scenario, limit: int | None) -> list:
     """The fixed held-out tasks: the first `limit`, else train.eval_tasks of them, else all."""
-    from trainers.cli.main import UsageError
-
     _, tasks = scenario.split()
     if not tasks:
         raise UsageError(f"scenario {scenario.spec.name!r} has no held-out tasks: set tasks.eval_count, "
@@ -75,106 +69,7 @@ def held_out_tasks(scenario, limit: int | None) -> list:
     return tasks[:limit] if limit else tasks
 
 
-def resolve_checkpoint(path: str | None) -> Path | None:
-    """The checkpoint directory named by --checkpoint (a run directory means its newest checkpoint)."""
-    from trainers.runs.checkpoint import latest_checkpoint
-    from trainers.cli.main import UsageError
-
-    if path is None:
-        return None
-    given = Path(path)
-    if not given.is_dir():
-        raise UsageError(f"--checkpoint {path}: no such directory (pass a run directory or its "
-                         "checkpoints/step-N directory)")
-    if _model_dirs(given):
-        from trainers.runs.checkpoint import CheckpointError, verified_checkpoint
-
-        try:
-            return verified_checkpoint(given)  # a damaged checkpoint is one line, not a load traceback
-        except CheckpointError as error:
-            raise UsageError(str(error)) from None
-    if (given / "checkpoints").is_dir():
-        latest = latest_checkpoint(given)
-        if latest is None:
-            raise UsageError(f"--checkpoint {path}: the run has no complete checkpoint (checkpoints/latest "
-                             "names none); pass a checkpoints/step-N directory")
-        return latest
-    raise UsageError(f"--checkpoint {path}: neither a run directory (no checkpoints/) nor a checkpoint "
-                     "(no model/ or model-<agent>/ directory)")
-
-
-def _model_dirs(checkpoint: Path) -> dict[str, Path]:
-    """Actor name -> model directory of a checkpoint ('shared' for model/, the agent for model-<agent>/)."""
-    found = {}
-    for directory in sorted(checkpoint.glob("model*")):
-        if (directory / "config.json").exists() and (directory.name == "model" or directory.name.startswith("model-")):
-            found["shared" if directory.name == "model" else directory.name.removeprefix("model-")] = directory
-    return found
-
-
-def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=print) -> tuple[dict, dict]:
-    """The scenario's actors and seats, the checkpoint's models in place of the base (module docstring)."""
-    from trainers.policy.actors import build_actors
-    from trainers.cli.main import UsageError
-    from trainers.run import base_model_dir
-    from trainers.policy.tinylm import load_policy
-
-    trained = _model_dirs(checkpoint) if checkpoint is not None else {}
-    keys = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents if _model_played(a)}
-    if checkpoint is not None and not keys & set(trained):
-        raise UsageError(f"--checkpoint {checkpoint}: no agent of {scenario.spec.name!r} is played by a model it "
-                         f"holds (it has {', '.join(d.name + '/' for d in trained.values())}; agents: "
-                         f"{', '.join(f'{a.name}={a.policy}' for a in scenario.spec.agents)})")
-    on_base = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents
-               if a.policy in ("shared", "own")}  # actors build_actors makes from the base model
-    base = None
-    if on_base - set(trained):
-        base = base_model_dir(scenario, cache_dir, log)
-    elif on_base:
-        base = trained.get("shared", trained[min(on_base)])
-    train = scenario.spec.train
-    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
-    for key, directory in trained.items():
-        if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
-            actors[key].model, actors[key].tokenizer = load_policy(directory)
-    return actors, seats
-
-
-def _model_played(agent) -> bool:
-    from trainers.policy.actors import SCRIPTED
-
-    return agent.policy in ("shared", "own") or not (agent.policy in SCRIPTED or ":" in agent.policy)
-
-
-def _evaluate(scenario, tasks, checkpoint, args) -> dict:
-    import torch
-
-    from trainers.cli.main import UsageError
-    from marl.rollout import EpisodePlayer
-    from trainers.run import RunError
-    from trainers.team.evaluation import evaluate_scenario
-
-    torch.set_num_threads(scenario.spec.train.threads)
-    try:
-        actors, seats = load_actors(scenario, checkpoint, args.cache_dir)
-        credit = scenario.spec.credit
-        default = scenario.resolve(credit.default_policy) if credit.default_policy else None
-        player = EpisodePlayer(scenario, actors, seats, default_policy=default)
-        result = evaluate_scenario(player, tasks, seed=args.seed, credit=not args.no_credit, retries=args.retries)
-    except (RunError, FileNotFoundError, ValueError) as error:
-        raise UsageError(str(error)) from None
-    return {**result, "checkpoint": str(checkpoint) if checkpoint is not None else "base model"}
-
-
-def default_out_dir(checkpoint: Path | None, name: str) -> Path:
-    """The run directory a checkpoint belongs to (RUN/checkpoints/step-N), else runs/<name>-eval."""
-    if checkpoint is not None and checkpoint.parent.name == "checkpoints":
-        return checkpoint.parent.parent
-    return Path("runs") / f"{name}-eval"
-
-
 def _write(result: dict, out: Path) -> tuple[Path, Path]:
-    from trainers.cli.main import UsageError
     from trainers.team.evaluation import write_eval_report
 
     try:

@@ -21,9 +21,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-
-class JudgeCliError(Exception):
-    """A user-facing problem: printed as one line, exit status 2."""
+from trainers.cli.common import UsageError
 
 
 def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
@@ -36,15 +34,15 @@ def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
         candidates = data.get("candidates")
         if not isinstance(data.get("prompt"), str) or not isinstance(candidates, list) or not candidates \
                 or not all(isinstance(c, str) for c in candidates):
-            raise JudgeCliError(f"{path}:{number}: each line needs 'prompt' (a string) and 'candidates' "
+            raise UsageError(f"{path}:{number}: each line needs 'prompt' (a string) and 'candidates' "
                                 "(a non-empty list of strings)")
         item_id = str(data.get("id", number))
         gold = golds.get(item_id, data.get("gold"))
         if gold is not None and not (isinstance(gold, int | float) and not isinstance(gold, bool)):
-            raise JudgeCliError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
+            raise UsageError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
         items.append(ReportItem(id=item_id, prompt=data["prompt"], candidates=tuple(candidates), gold=gold))
     if not items:
-        raise JudgeCliError(f"{path}: no items (expected one JSON object per line)")
+        raise UsageError(f"{path}: no items (expected one JSON object per line)")
     return items
 
 
@@ -52,7 +50,7 @@ def _lines(path):
     try:
         text = Path(path).read_text()
     except OSError as error:
-        raise JudgeCliError(f"cannot read {path}: {error.strerror or error}") from None
+        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
     return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
@@ -60,9 +58,9 @@ def _json_line(path, number, line) -> dict:
     try:
         data = json.loads(line)
     except json.JSONDecodeError as error:
-        raise JudgeCliError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(data, dict):
-        raise JudgeCliError(f"{path}:{number}: expected a JSON object")
+        raise UsageError(f"{path}:{number}: expected a JSON object")
     return data
 
 
@@ -71,16 +69,16 @@ def _read_gold(path) -> dict:
     for number, line in _lines(path):
         data = _json_line(path, number, line)
         if "id" not in data or "gold" not in data:
-            raise JudgeCliError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
+            raise UsageError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
         golds[str(data["id"])] = data["gold"]
     return golds
 
 
 # -- options, checked before any call ------------------------------------------------------------------------
 def _check_numbers(args) -> None:
-    """JudgeCliError for the first numeric option out of range."""
+    """UsageError for the first numeric option out of range."""
     if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise JudgeCliError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
+        raise UsageError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
     checks = [("--concurrency", args.concurrency, 1, "requests in flight at once, e.g. --concurrency 8"),
               ("--retries", args.retries, 0, "retries after a failed call (0 = none), e.g. --retries 4"),
               ("--max-tokens", args.max_tokens, 1, "tokens per judge answer, e.g. --max-tokens 512")]
@@ -88,7 +86,7 @@ def _check_numbers(args) -> None:
         checks.append(("--per-kind", args.per_kind, 1, "probes per kind, e.g. --per-kind 100"))
     for flag, value, low, meaning in checks:
         if value < low:
-            raise JudgeCliError(f"{flag} {value}: must be >= {low} ({meaning})")
+            raise UsageError(f"{flag} {value}: must be >= {low} ({meaning})")
 
 
 def _writable_file(flag: str, value: str) -> Path:
@@ -96,17 +94,17 @@ def _writable_file(flag: str, value: str) -> Path:
     is a folder and is writable, and the path itself is not a folder."""
     path = Path(value).expanduser()
     if path.is_dir():
-        raise JudgeCliError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
+        raise UsageError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
     blocker = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
     if blocker is not None:
-        raise JudgeCliError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")
+        raise UsageError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise JudgeCliError(f"{flag} {value}: cannot create the folder {path.parent}: "
+        raise UsageError(f"{flag} {value}: cannot create the folder {path.parent}: "
                             f"{error.strerror or error}") from None
     if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise JudgeCliError(f"{flag} {value}: not writable (permission denied); choose another path")
+        raise UsageError(f"{flag} {value}: not writable (permission denied); choose another path")
     return path
 
 
@@ -120,13 +118,13 @@ def check_options(args) -> None:
 
 
 def _open_cache(path: str):
-    """The judge cache at `path`, or JudgeCliError when the file is not a usable SQLite database."""
+    """The judge cache at `path`, or UsageError when the file is not a usable SQLite database."""
     from judges.model.cache import JudgeCache
 
     try:
         return JudgeCache(path)
     except (sqlite3.Error, OSError) as error:
-        raise JudgeCliError(f"--cache {path}: cannot be used as the response cache ({error}); "
+        raise UsageError(f"--cache {path}: cannot be used as the response cache ({error}); "
                             "give a new file path or delete it") from None
 
 
@@ -149,7 +147,7 @@ def build_judge(args, items):
         client = SimulatedClient(lambda text: 1.0 if any(b in text for b in best) else 0.0, sharpness=4.0,
                                  **dict(_bias(kv) for kv in args.sim_bias))
     elif not args.base_url:
-        raise JudgeCliError("--base-url is required (or --simulated for the built-in simulated judge)")
+        raise UsageError("--base-url is required (or --simulated for the built-in simulated judge)")
     else:
         client = None
     backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
@@ -163,7 +161,7 @@ def _bias(text: str) -> tuple[str, float]:
     try:
         return name.strip(), float(value)
     except ValueError:
-        raise JudgeCliError(f"--sim-bias {text!r}: expected NAME=NUMBER, e.g. position=0.6") from None
+        raise UsageError(f"--sim-bias {text!r}: expected NAME=NUMBER, e.g. position=0.6") from None
 
 
 def _preflight(judge, item) -> None:
@@ -175,14 +173,12 @@ def _preflight(judge, item) -> None:
     pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
     answered = pair.rationale.startswith(("invalid response:", "response too large:"))  # reachable: one bad answer
     if pair.p_a is None and pair.status in ("api_error", "timeout") and not answered:
-        raise JudgeCliError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
+        raise UsageError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
 
 
 def report_command(args) -> int:
     """Run the probes and write the JSON (and markdown) report."""
-    from judges.stats.bias_report import report_markdown, run_bias_report
-
-    from judges.stats.bias_report import strict_report
+    from judges.stats.bias_report import report_markdown, run_bias_report, strict_report
 
     try:
         check_options(args)
@@ -196,9 +192,6 @@ def report_command(args) -> int:
             from judges.strict_json import write_text_atomically
 
             write_text_atomically(args.markdown, report_markdown(report))
-    except JudgeCliError as error:
-        print(f"marl: error: {error}", file=sys.stderr)
-        return 2
     except OSError as error:
         print(f"marl: error: cannot write the report: {error.strerror or error} ({error.filename or args.out})",
               file=sys.stderr)
@@ -223,17 +216,13 @@ def calibrate_command(args) -> int:
     from judges.stats.inference import expected_calibration_error
     from judges.types import Candidate, Item
 
-    try:
-        check_options(args)
-        items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
-        if len(items) < 10:
-            raise JudgeCliError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
-                                f"got {len(items)}")
-        judge = build_judge(args, items)
-        _preflight(judge, items[0])
-    except JudgeCliError as error:
-        print(f"marl: error: {error}", file=sys.stderr)
-        return 2
+    check_options(args)  # a UsageError is one line from main, exit 2, before any call
+    items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
+    if len(items) < 10:
+        raise UsageError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
+                         f"got {len(items)}")
+    judge = build_judge(args, items)
+    _preflight(judge, items[0])
     pairs = run_sync(_compare_items(judge, items, Item, Candidate))
     rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
             for i, p in zip(items, pairs) if p.p_a is not None]
@@ -275,12 +264,18 @@ def _plain(value):
     return str(value)
 
 
-def add_judges_parser(commands) -> None:
-    """The `marl judges ...` sub-commands."""
+def run(args) -> int:
+    """`marl judges report` or `marl judges calibrate`, as the sub-command says."""
+    return {"report": report_command, "calibrate": calibrate_command}[args.judges_command](args)
+
+
+def add_parser(commands) -> None:
+    """Register `marl judges report` and `marl judges calibrate`."""
     judges = commands.add_parser("judges", help="probe and calibrate model judges")
+    judges.set_defaults(handler=run)
     sub = judges.add_subparsers(dest="judges_command", required=True)
-    for name, handler, help_text in (("report", report_command, "run the bias probes and write a report"),
-                                     ("calibrate", calibrate_command, "fit a calibrator on gold-labelled pairs")):
+    for name, help_text in (("report", "run the bias probes and write a report"),
+                            ("calibrate", "fit a calibrator on gold-labelled pairs")):
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
         parser.add_argument("--model", default="sim", help="model name the endpoint serves")
@@ -298,7 +293,6 @@ def add_judges_parser(commands) -> None:
         parser.add_argument("--sim-bias", action="append", default=[], metavar="NAME=VALUE",
                             help="simulated judge bias, e.g. position=0.6 or master_key=4 (repeatable)")
         parser.add_argument("--seed", type=int, default=0)
-        parser.set_defaults(handler=handler)
         if name == "report":
             parser.add_argument("--markdown", help="also write a markdown summary here")
             parser.add_argument("--per-kind", type=int, default=100, help="probes per kind")

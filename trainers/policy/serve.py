@@ -1,4 +1,4 @@
-"""`marl serve MODEL_DIR --port N`: a local transformers model behind an OpenAI-compatible API.
+"""A local transformers model behind an OpenAI-compatible API (the library of `marl serve`, trainers/cli/serve.py).
 
     GET  /v1/models             -> the one served model
     POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs}
@@ -114,13 +114,12 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
 
 
 def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None) -> None:
-    """Serve until interrupted, printing the base URL (trainers.cli.main.UsageError for a bad port)."""
-    from trainers.cli.main import UsageError
+    """Serve until interrupted, printing the base URL.
 
-    try:
-        httpd = make_http_server(model_dir, host, port, name)
-    except (ValueError, ModelLoadError) as error:
-        raise UsageError(str(error)) from None
+    Raises what make_http_server raises, before serving: ValueError (a port out of range),
+    ModelLoadError, FileNotFoundError, or OSError (the address cannot be bound).
+    """
+    httpd = make_http_server(model_dir, host, port, name)
     model = name or Path(model_dir).name
     print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1 (Ctrl-C stops)", flush=True)
     try:

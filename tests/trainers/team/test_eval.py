@@ -11,7 +11,8 @@ import torch
 from marl.scenario.load import load_scenario
 from trainers.policy.actors import build_actors
 from trainers.cli.main import main
-from trainers.cli.eval import load_actors, resolve_checkpoint
+from trainers.evaluate import load_actors
+from trainers.runs.layout import resolve_checkpoint
 from marl.rollout import EpisodePlayer
 from trainers.team.evaluation import evaluate_scenario, evaluate_team, write_eval_report
 

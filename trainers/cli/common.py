@@ -1,0 +1,145 @@
+"""What the `marl` commands share: the usage error, quiet libraries, `--set` on a dataclass config,
+the common arguments, and how a command's errors become one line.
+
+Every command module in this folder has the same two functions:
+
+    add_parser(commands)   register the command (and its arguments) on the `marl` sub-parsers
+    run(args) -> int       do it; the exit status
+
+A command reports bad input by raising `UsageError` (or by letting `usage_errors` turn a library's
+error into one); `main` prints it as `marl: error: ...` and exits 2, never with a traceback. A
+scenario's problems (`ScenarioError`) are printed by `main` too, one located line each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from contextlib import contextmanager
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed without a traceback, exit status 2."""
+
+
+def quiet_libraries() -> None:
+    """Offline Hugging Face hub, no tokenizer fork warnings, no progress bars or info logs from transformers."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def print_problems(error) -> int:
+    """Print a ScenarioError's problems on stderr, one FILE:LINE:COL line each; the exit status 2."""
+    for problem in error.problems:
+        print(problem, file=sys.stderr)
+    return 2
+
+
+@contextmanager
+def usage_errors(*kinds: type[BaseException]):
+    """Inside the block, an exception of one of `kinds` becomes a UsageError with its message."""
+    try:
+        yield
+    except kinds as error:
+        raise UsageError(str(error)) from None
+
+
+def training_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
+    from trainers.run import RunError
+    from trainers.runs.checkpoint import CheckpointError
+    from trainers.runs.rundir import RunDirectoryError
+
+    return RunError, RunDirectoryError, CheckpointError, FileNotFoundError, ValueError
+
+
+# -- --set KEY=VALUE on a dataclass config (the demo's) ------------------------------------------------------
+def coerce(value: str, current):
+    """Parse an override string to the type of the field's current value."""
+    if isinstance(current, bool):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {value!r}")
+    if isinstance(current, tuple):
+        return tuple(type(current[0])(part) for part in value.split(","))
+    if current is None:
+        return value
+    parsed = type(current)(value)
+    if isinstance(parsed, float) and not math.isfinite(parsed):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return parsed
+
+
+def _section(config, key: str, parents: list[str]):
+    """The (nested) dataclass that `key`'s leaf is a field of; UsageError naming the wrong part."""
+    target = config
+    for part in parents:
+        if not dataclasses.is_dataclass(target) or not hasattr(target, part):
+            raise UsageError(f"--set {key}: unknown section {part!r}")
+        target = getattr(target, part)
+    if not dataclasses.is_dataclass(target):
+        raise UsageError(f"--set {key}: {'.'.join(parents)} is a setting, not a section with keys "
+                         f"(set {'.'.join(parents)}=VALUE instead)")
+    return target
+
+
+def apply_overrides(config, overrides: list[str]):
+    """Apply `a.b=value` overrides to a (nested) dataclass config; unknown keys are errors.
+
+    Each value is checked for its field's type only; checking the settings together (a dataclass's
+    __post_init__) is the caller's, once its own checks with friendlier messages are done.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set grpo.lr=1e-4")
+        key, value = item.split("=", 1)
+        *parents, leaf = key.strip().split(".")
+        target = _section(config, key, parents)
+        names = {f.name for f in dataclasses.fields(target)}
+        if leaf not in names:
+            raise UsageError(f"--set {key}: unknown key {leaf!r}; known keys: {', '.join(sorted(names))}")
+        try:
+            setattr(target, leaf, coerce(value, getattr(target, leaf)))
+        except ValueError as error:
+            raise UsageError(f"--set {key}={value}: {error}") from None
+    return config
+
+
+# -- arguments shared by several commands ------------------------------------------------------------------
+def add_scenario_arguments(parser) -> None:
+    """SCENARIO, --set and --cache-dir: the arguments of every command that builds a scenario's team."""
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file or built-in name (relay, debate, ...)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. --set train.steps=50 (repeatable)")
+    parser.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
+
+
+def add_play_arguments(parser, episodes: int) -> None:
+    """The options shared by commands that play episodes of a scenario with a fixed policy."""
+    parser.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    parser.add_argument("--episodes", type=int, default=episodes, help="episodes to play (held-out tasks first)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. --set credit.method=shapley")
+
+
+def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
+    """The scenario, the policy, an env, and the tasks to play (held-out tasks first); torch-free."""
+    from marl.env import make_env
+    from marl.policies import get_policy
+    from marl.scenario.load import load_scenario
+
+    if episodes < 1:
+        raise ValueError(f"--episodes {episodes}: expected 1 or more")
+    scenario = load_scenario(file, overrides)
+    policy = get_policy(policy_name, scenario, seed=seed)
+    train, held_out = scenario.split()
+    return scenario, policy, make_env(scenario), (held_out or train)[:episodes]

@@ -1,0 +1,51 @@
+"""`marl credit FILE`: per-agent credit of a scenario under a fixed policy, over several episodes (needs no torch)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from trainers.cli.common import add_play_arguments, setup_play, usage_errors
+
+CREDIT_FLAGS = ("method", "estimator", "absent", "budget", "rollouts")  # each one is a credit.<flag> override
+
+
+def add_parser(commands) -> None:
+    """Register `marl credit FILE`."""
+    credit = commands.add_parser("credit", help="per-agent credit of a scenario under a fixed policy")
+    credit.add_argument("file", metavar="FILE", help="scenario file or built-in name")
+    add_play_arguments(credit, episodes=10)
+    credit.add_argument("--method", help="team, shapley, banzhaf, owen, myerson, difference or least_core")
+    credit.add_argument("--estimator", help="auto, exact, permutation, antithetic, tmc, stratified or kernel")
+    credit.add_argument("--absent", help="null_message, skip_turn, default_policy, resample, replay or mask")
+    credit.add_argument("--budget", type=int, help="coalition evaluations per episode")
+    credit.add_argument("--rollouts", type=int, help="seeded rollouts per coalition")
+    credit.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
+    from marl.credit.coalitions import episode_credit
+
+    overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in CREDIT_FLAGS
+                                  if getattr(args, key) is not None]
+    with usage_errors(ValueError, FileNotFoundError):  # a bad policy, file or --episodes: one line
+        scenario, policy, env, tasks = setup_play(args.file, overrides, args.policy, args.seed, args.episodes)
+        results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
+        _print_credit_table(scenario, args.policy, results)
+    return 0
+
+
+def _print_credit_table(scenario, policy_name: str, results) -> None:
+    agents = list(results[0].values)
+    print(f"{scenario.spec.name}: {results[0].method} credit, policy {policy_name}, {len(results)} episodes, "
+          f"absent = {scenario.spec.credit.absent}")
+    print(f"{'agent':<14}{'credit':>10}{'stderr':>10}{'sd over episodes':>20}")
+    for agent in agents:
+        values = [r.values[agent] for r in results]
+        within = math.sqrt(statistics.fmean(r.stderr[agent] ** 2 for r in results) / len(results))
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{agent:<14}{statistics.fmean(values):>10.4f}{within:>10.4f}{spread:>20.4f}")
+    evaluations = statistics.fmean(r.n_evals for r in results)
+    total = statistics.fmean(sum(r.values.values()) for r in results)
+    print(f"evaluations per episode: {evaluations:.1f}; mean sum of credit: {total:.4f}")

@@ -1,0 +1,69 @@
+"""`marl eval`'s work: a checkpoint's models in place of the base model, on the held-out set at temperature 0.
+
+The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name
+(the layout is read by trainers/runs/layout.py); model agents the checkpoint has no directory for
+play the base model (train.model). The metrics are trainers/team/evaluation.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainers.runs.layout import checkpoint_models
+
+
+def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=print) -> tuple[dict, dict]:
+    """The scenario's actors and seats, the checkpoint's models in place of the base (module docstring).
+
+    CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
+    """
+    from trainers.policy.actors import build_actors
+    from trainers.policy.tinylm import load_policy
+    from trainers.run import base_model_dir
+    from trainers.runs.checkpoint import CheckpointError
+
+    trained = checkpoint_models(checkpoint) if checkpoint is not None else {}
+    keys = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents if _model_played(a)}
+    if checkpoint is not None and not keys & set(trained):
+        raise CheckpointError(f"--checkpoint {checkpoint}: no agent of {scenario.spec.name!r} is played by a model "
+                              f"it holds (it has {', '.join(d.name + '/' for d in trained.values())}; agents: "
+                              f"{', '.join(f'{a.name}={a.policy}' for a in scenario.spec.agents)})")
+    on_base = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents
+               if a.policy in ("shared", "own")}  # actors build_actors makes from the base model
+    base = None
+    if on_base - set(trained):
+        base = base_model_dir(scenario, cache_dir, log)
+    elif on_base:  # every base-model actor is in the checkpoint: build from one of its models, not the base
+        base = trained.get("shared", trained[min(on_base)])
+    train = scenario.spec.train
+    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
+    for key, directory in trained.items():
+        if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
+            actors[key].model, actors[key].tokenizer = load_policy(directory)
+    return actors, seats
+
+
+def _model_played(agent) -> bool:
+    from trainers.policy.actors import SCRIPTED
+
+    return agent.policy in ("shared", "own") or not (agent.policy in SCRIPTED or ":" in agent.policy)
+
+
+def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_dir: str | None, *, seed: int = 0,
+                        credit: bool = True, retries: int = 1) -> dict:
+    """The held-out metrics of the checkpoint's team (the base model's for None), with the checkpoint named.
+
+    Raises RunError, CheckpointError, FileNotFoundError or ValueError for a model that cannot be built.
+    """
+    import torch
+
+    from marl.rollout import EpisodePlayer
+    from trainers.team.evaluation import evaluate_scenario
+
+    torch.set_num_threads(scenario.spec.train.threads)
+    actors, seats = load_actors(scenario, checkpoint, cache_dir)
+    credit_spec = scenario.spec.credit
+    default = scenario.resolve(credit_spec.default_policy) if credit_spec.default_policy else None
+    player = EpisodePlayer(scenario, actors, seats, default_policy=default)
+    result = evaluate_scenario(player, tasks, seed=seed, credit=credit, retries=retries)
+    return {**result, "checkpoint": str(checkpoint) if checkpoint is not None else "base model"}
