@@ -72,7 +72,7 @@ def measure_probe(trainer, eval_tasks: list, probe_steps: int) -> Probe:
         credit.append(metrics["time/credit"])
         play.append(metrics["time/play"])
         update.append(metrics["time/update"])
-        tokens += trajectory_tokens(trainer.last_batch[0])
+        tokens += trajectory_tokens(trainer.last_step.batch)
     return Probe(steps, credit, play, update, tokens, eval_seconds, timed_tasks)
 
 

@@ -221,9 +221,10 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
 
 def _log_tables(trainer, tracker) -> None:
     """Samples (observation, message, agent, reward, advantage, credit) and per-episode credit."""
-    if trainer.last_batch is None:
+    last = trainer.last_step
+    if last is None:
         return
-    batch, rewards, advantages, credits = trainer.last_batch
+    batch, rewards, advantages, credits = last.batch, last.rewards, last.advantages, last.credits
     samples, credit_rows = [], []
     for index, episode in enumerate(batch.episodes[:TABLE_ROWS]):
         estimate = credits[index] if credits is not None else None

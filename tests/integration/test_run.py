@@ -192,7 +192,7 @@ def test_self_play_trains_against_frozen_snapshots_and_logs_ratings(demo_model_d
     assert all("selfplay/rating/learner" in m for m in metrics)
     assert not any(p.requires_grad for p in opponent.parameters())
     assert _changed(start, {name: p.detach() for name, p in learner.named_parameters()})
-    seats = {tuple(sorted(e.job.seats.items())) for e in trainer.last_batch[0].episodes}
+    seats = {tuple(sorted(e.job.seats.items())) for e in trainer.last_step.episodes}
     assert seats <= {(("first", "opponent"),), (("second", "opponent"),)}
     assert not math.isnan(metrics[-1]["selfplay/rating/learner"])
 
@@ -247,7 +247,7 @@ def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, t
         for _ in range(2):
             metrics = trainer.step()
         assert server.requests == 2 * 8  # right speaks once in each of the 8 episodes of both steps
-    episodes = trainer.last_batch[0].episodes
+    episodes = trainer.last_step.episodes
     rights = [turn for episode in episodes for turn in episode.turns if turn.agent == "right"]
     assert all(turn.actor is None for turn in rights)  # frozen output is never a training sample
     a, b = rights[0].observation.rstrip("=").split("+")

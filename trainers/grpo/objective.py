@@ -165,21 +165,25 @@ def policy_loss(
 
 
 def _loss_stats(ratio, advantages, mask, per_token_kl, epsilon_low, epsilon_high) -> LossStats:
-    tokens = mask.sum().clamp(min=1.0)
-
-    def masked_mean(x):
-        return ((x.to(mask.dtype) * mask).sum() / tokens).item()
+    def mean(x):  # a token mean; a boolean x (clipped or not) counts as 0/1 in the mask's dtype
+        return masked_mean(x.to(mask.dtype), mask).item()
 
     low = (ratio < 1 - epsilon_low) & (advantages < 0)
     high = (ratio > 1 + epsilon_high) & (advantages > 0)
-    kl = masked_mean(per_token_kl.detach()) if per_token_kl is not None else None
-    return LossStats(kl=kl, clip_fraction=masked_mean(low | high), low_clip_fraction=masked_mean(low),
-                     high_clip_fraction=masked_mean(high))
+    kl = mean(per_token_kl.detach()) if per_token_kl is not None else None
+    return LossStats(kl=kl, clip_fraction=mean(low | high), low_clip_fraction=mean(low), high_clip_fraction=mean(high))
 
 
 # --------------------------------------------------------------------------------------------------
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of `values` over the positions where `mask` is 1."""
-    return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `values` over the positions where `mask` is 1: over `dim`, or over everything when None.
+
+    An empty mask gives 0 (its sum is clamped to 1), never NaN. The one masked mean of the trainers:
+    token means of the loss stats and the entropy, and each row's mean logprob (the floor reward's
+    partial progress).
+    """
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)

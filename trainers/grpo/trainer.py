@@ -4,26 +4,29 @@
 objective in `trainers.grpo.objective`) -> `mu` updates of the compacted batch -> metrics. The update
 itself (optimizer, lr schedule, spike guard, KL reference, exact batch compaction) is
 `trainers.grpo.learner.PolicyLearner`, which the team trainer uses for each of its policies too.
-The knobs are `trainers.grpo.config.GRPOConfig`.
+The knobs are `trainers.grpo.config.GRPOConfig`; seeding, the difficulty buckets, the repetition
+guards, the shared metrics and the saved RNG state are `trainers.grpo.shared`, as in the team trainer.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 
 import torch
 
 from marl.types import Task
-from trainers.grpo.safeguards import (DifficultyBuckets, apply_floor_reward, collapse_alarm, diversity_penalties,
-                                 group_self_bleu)
-from trainers.policy.sampling import Completions, decode_completions, encode_prompts, sample_completions
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.objective import group_advantages, masked_mean, zero_std_group_fraction
+from trainers.grpo.safeguards import apply_floor_reward
+from trainers.grpo.shared import (GuardTally, bucket_metrics, core_state, difficulty_buckets,
+                                  heuristic_difficulty, load_core_state, nanmean, record_pass_rates,
+                                  repetition_guards, seed_everything)
+from trainers.policy.sampling import Completions, decode_completions, encode_prompts, sample_completions
+
+__all__ = ["GRPOTrainer", "heuristic_difficulty", "score_completions"]
 
 
 RewardFn = Callable[[Task, str], float]
@@ -65,17 +68,13 @@ class GRPOTrainer:
         self.config = config = config or GRPOConfig()
         if not tasks:
             raise ValueError("GRPOTrainer needs at least one task")
-        torch.set_num_threads(config.threads)
-        random.seed(config.seed)
-        torch.manual_seed(config.seed)
+        seed_everything(config)
         self.model = model.eval()  # eval mode: no dropout, so sampling and training forwards agree
         self.tokenizer, self.reward_fn, self.progress_fn = tokenizer, reward_fn, progress_fn
         self.tasks = {task.id: task for task in tasks}
         self.learner = PolicyLearner(model, config)
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.buckets = DifficultyBuckets([t.id for t in tasks], [heuristic_difficulty(t) for t in tasks],
-                                         n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
-                                         seed=config.seed)
+        self.buckets = difficulty_buckets(tasks, config)
         self.step_count = 0
         self.totals = {"masked_rewards": 0, "floored_groups": 0, "collapse_alarms": 0}
 
@@ -105,7 +104,7 @@ class GRPOTrainer:
                                       self.config.scale_rewards).float()
         scored = time.perf_counter()
         update = self._update(completions, advantages)
-        self._record_pass_rates(tasks, raw_rewards)
+        record_pass_rates(self.buckets, tasks, raw_rewards, self.config.group_size)
         self.step_count += 1
         self.totals["masked_rewards"] += masked
         times = {"time/generate": generated - started, "time/score": scored - generated,
@@ -121,29 +120,21 @@ class GRPOTrainer:
         return completions, decode_completions(self.tokenizer, completions)
 
     def _apply_safeguards(self, rewards, texts, completions, tasks):
-        """Diversity penalty and floor reward; returns new rewards and what the guards did."""
-        g, cfg = self.config.group_size, self.config
-        group_bleu = group_self_bleu(texts, g)
-        alarms = collapse_alarm(group_bleu, cfg.collapse_threshold)
-        penalised = 0
-        if cfg.diversity_penalty > 0:
-            penalties = diversity_penalties(texts, g, threshold=cfg.diversity_threshold, penalty=cfg.diversity_penalty)
-            penalised = sum(p > 0 for p in penalties)
-            rewards = [r - p for r, p in zip(rewards, penalties)]
-        floored = 0
+        """Self-BLEU, diversity penalty and floor reward; returns new rewards and the `guard/*` metrics."""
+        cfg, tally = self.config, GuardTally()
+        rewards = repetition_guards(texts, rewards, cfg, tally)
         if cfg.floor_reward > 0:
-            rewards, floored = apply_floor_reward(rewards, g, self._progress(texts, completions, tasks), cfg.floor_reward)
-        self.totals["floored_groups"] += floored
-        self.totals["collapse_alarms"] += alarms
-        return rewards, {"guard/self_bleu": statistics.fmean(group_bleu), "guard/collapse_alarms": alarms,
-                         "guard/diversity_penalised": penalised, "guard/floored_groups": floored}
+            rewards, tally.floored_groups = apply_floor_reward(rewards, cfg.group_size,
+                                                               self._progress(texts, completions, tasks),
+                                                               cfg.floor_reward)
+        tally.add_to(self.totals)
+        return rewards, tally.metrics()
 
     def _progress(self, texts, completions, tasks) -> list[float]:
         """Partial progress per completion: the task's own score if given, else mean token logprob."""
         if self.progress_fn is not None:
             return [float(self.progress_fn(task, text)) for task, text in zip(tasks, texts)]
-        lengths = completions.completion_mask.sum(-1).clamp(min=1)
-        return ((completions.logprobs * completions.completion_mask).sum(-1) / lengths).tolist()
+        return masked_mean(completions.logprobs, completions.completion_mask, dim=-1).tolist()
 
     def _update(self, completions: Completions, advantages: torch.Tensor) -> dict[str, float]:
         return self.learner.update(completions, advantages)
@@ -151,23 +142,15 @@ class GRPOTrainer:
     def _compact_batch(self, completions: Completions, advantages: torch.Tensor):
         return self.learner.compact_batch(completions, advantages)
 
-    def _record_pass_rates(self, tasks: Sequence[Task], rewards: Sequence[float]) -> None:
-        """Feed each task's observed pass rate (mean raw reward clipped to [0, 1]) to the bucket sampler."""
-        g = self.config.group_size
-        for index, task in enumerate(tasks):
-            group = [r for r in rewards[index * g:(index + 1) * g] if not math.isnan(r)]
-            if group:
-                self.buckets.update(task.id, min(1.0, max(0.0, statistics.fmean(group))))
-
     def _metrics(self, rewards, completions, bucket, masked, guards, update, times) -> dict[str, float]:
         valid = [r for r in rewards if not math.isnan(r)]
         metrics = {
-            "train/step": self.step_count, "train/reward": statistics.fmean(valid) if valid else float("nan"),
+            "train/step": self.step_count, "train/reward": nanmean(rewards),
             "train/reward_std": statistics.stdev(valid) if len(valid) > 1 else 0.0,
             "train/frac_zero_std": zero_std_group_fraction(rewards, self.config.group_size),
             "train/loss": update["loss"], "train/grad_norm": update["grad_norm"],
             "train/clip_fraction": update["clip_fraction"], "train/trained_rows": update["trained_rows"],
-            "train/entropy": masked_mean(completions.entropy, completions.completion_mask),
+            "train/entropy": masked_mean(completions.entropy, completions.completion_mask).item(),
             "train/completion_length": completions.completion_mask.sum(-1).float().mean().item(),
             "train/truncated_fraction": completions.truncated.float().mean().item(),
             "train/lr": self.learner.lr(), "train/bucket": bucket,
@@ -176,8 +159,7 @@ class GRPOTrainer:
         }
         if update["kl"] is not None:
             metrics["train/kl"] = update["kl"]
-        for index, rate in self.buckets.pass_rates().items():
-            metrics[f"bucket/{index}/pass_rate"] = rate
+        metrics.update(bucket_metrics(self.buckets))
         return metrics
 
     def train(self, steps: int | None = None, callback: Callable[[dict], None] | None = None) -> list[dict]:
@@ -195,23 +177,10 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue exactly like an uninterrupted one."""
-        return {
-            "step": self.step_count, "totals": dict(self.totals), "config": asdict(self.config),
-            "learner": self.learner.state_dict(), "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-            "buckets": self.buckets.state_dict(),
-        }
+        return {**core_state(self), "learner": self.learner.state_dict(), "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()`; the trainer must have been built with the same config and tasks."""
-        self.step_count, self.totals = state["step"], dict(state["totals"])
+        load_core_state(self, state)
         self.learner.load_state_dict(state["learner"])
         self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-        self.buckets.load_state_dict(state["buckets"])
-
-
-def heuristic_difficulty(task: Task) -> float:
-    """The task's own difficulty if it has one, else its prompt length (a crude proxy for steps)."""
-    return float(task.difficulty) if task.difficulty is not None else float(len(task.prompt))

@@ -43,7 +43,7 @@ FIRST_TRY_SEED = 7_777_777  # offset of the first tries' seeds, away from the tr
 
 def reflection_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
     """One reflection step (see the module docstring); the trainer step's metrics plus `reflection/*`."""
-    from trainers.team.trainer import nanmean, success
+    from trainers.team.metrics import nanmean, success
 
     mode = trainer.spec.mode
     tasks = select_low_rate_tasks(task_pass_rates(trainer.buckets), train_tasks, settings.threshold,
@@ -55,7 +55,7 @@ def reflection_step(trainer, settings, train_tasks: list[Task]) -> dict[str, flo
             answerer = trainer.player.scorer.team_answerer(episode.transcript)
             reasons[task.id] = failure_reason(episode, answerer)
     metrics = trainer.step(tasks=tasks, prefix=reasons, reward_transform=retry_discount(settings.retry_discount))
-    retried = [e for e in trainer.last_batch[0].episodes if e.job.prefix]
+    retried = [e for e in trainer.last_step.episodes if e.job.prefix]
     return {**metrics, "reflection/tasks": float(len(tasks)),
             "reflection/retried": float(sum(bool(reason) for reason in reasons.values())),
             "reflection/first_try_success": nanmean(success(e, mode) for e in first_tries),

@@ -54,7 +54,7 @@ def safety_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
     answerer = trainer.player.scorer.team_answerer
     transform = safety_transform(settings.fabrication_penalty, settings.constraint_penalty, cooperative, answerer)
     metrics = trainer.step(tasks=tasks, reward_transform=transform)
-    episodes = trainer.last_batch[0].episodes
+    episodes = trainer.last_step.episodes
     unanswerable = [e for e in episodes if e.job.task.metadata.get("unanswerable")]
     constrained = [e for e in episodes if e.job.task.metadata.get("forbidden")]
     fabrications = sum(any(fabricated(e, a) for a in _answerers(e, cooperative, answerer)) for e in unanswerable)

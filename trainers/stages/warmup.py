@@ -100,10 +100,11 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
 
 def show_samples(trainer, count: int, log=print) -> None:
     """Print the last step's first episodes: every message with the agent's reward and advantage."""
-    if trainer.last_batch is None or count == 0:
+    last = trainer.last_step
+    if last is None or count == 0:
         return
-    batch, rewards, advantages, _ = trainer.last_batch
-    for index, episode in enumerate(batch.episodes[:count]):
+    rewards, advantages = last.rewards, last.advantages
+    for index, episode in enumerate(last.episodes[:count]):
         said = "  ".join(f"{t.agent}: {_clip(t.observation)!r} -> {_clip(t.text)!r}" for t in episode.turns)
         scores = ", ".join(f"{a} {rewards[index][a]:+.2f} (adv {advantages[a][index]:+.2f})" for a in rewards[index])
         log(f"  sample {index}: {said}\n            reward {scores}")

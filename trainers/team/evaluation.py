@@ -52,7 +52,7 @@ DEFINITIONS = {
 def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
     """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`."""
     from marl.rollout import EpisodeJob
-    from trainers.team.trainer import nanmean, success
+    from trainers.team.metrics import nanmean, success
 
     if not tasks:
         raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
@@ -85,7 +85,7 @@ def evaluate_scenario(player, tasks: list[Task], *, seed: int = 0, credit: bool 
                       retries: int = 1) -> dict:
     """Every `marl eval` metric on `tasks` at temperature 0, as a JSON-able dict (module docstring)."""
     from marl.rollout import EpisodeJob
-    from trainers.team.trainer import success
+    from trainers.team.metrics import success
 
     if not tasks:
         raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
@@ -125,7 +125,7 @@ def failure_reason(episode) -> str:
 def _solved_with_retries(player, episodes, first: list[float], retries: int) -> list[float]:
     """Per task: 1 if an attempt up to 1 + retries succeeded, 0 if none did, NaN if the first was masked."""
     from marl.rollout import EpisodeJob
-    from trainers.team.trainer import success
+    from trainers.team.metrics import success
 
     solved, last = list(first), dict(enumerate(episodes))
     for _ in range(retries):
@@ -150,7 +150,7 @@ def _paraphrase_agreement(player, episodes, first: list[float]) -> dict:
     change repeats its recorded message (a seeded `random` policy cannot fake a difference).
     """
     from marl.rollout import EpisodeJob
-    from trainers.team.trainer import success
+    from trainers.team.metrics import success
 
     jobs, owners = [], []
     for k, episode in enumerate(episodes):

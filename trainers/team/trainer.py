@@ -25,6 +25,10 @@ with exit status 0.
 Self-play (competitive scenarios, `train.selfplay`): on a share of steps the learner plays against a
 snapshot from an `OpponentPool` instead of itself, taking alternate seats per task; each episode's
 result updates the ratings, and a snapshot joins the pool every `snapshot_every` steps.
+
+What a step played and computed stays readable as `trainer.last_step` (a `StepResult`); its metrics
+are `trainers.team.metrics`. Seeding, the difficulty buckets, the repetition guards and the saved RNG
+state are the GRPO trainer's own (`trainers.grpo.shared`).
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ import math
 import random
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 
 import torch
 
+from marl.credit.replay import episode_credits, shrink_factors, shrink_rewards
+from marl.rollout import EpisodeBatch, EpisodeJob, EpisodePlayer
 from marl.types import Task
-from marl.rollout import EpisodeJob, EpisodePlayer
-from marl.credit.replay import credit_shares, episode_credits, shrink_factors, shrink_rewards
+from trainers.grpo.objective import group_advantages, masked_mean
+from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
+                                  repetition_guards, seed_everything)
+from trainers.team.metrics import is_masked, masked_credit, step_metrics, success
 
 OPPONENT = "opponent"
 MASKED_WINDOW = 5  # steps over which the masked share is judged
@@ -89,23 +97,43 @@ class MaskedRewardGuard:
                 "more with --set train.max_masked_fraction=0.9 (1 never stops)")
 
 
+@dataclass
+class StepResult:
+    """What one `MultiAgentTrainer.step()` played and trained on (E episodes: G per task, task by task).
+
+    batch: the played `EpisodeBatch`: `episodes` (E) and `generations` (actor -> the sampled tokens
+        of each generate call, which turns point into with `turn.batch` and `turn.row`).
+    rewards: E rows of agent -> the reward trained on: credit (cooperative) or the agent's own reward
+        (competitive), after the stage's transform, shrinkage and the safeguards; NaN where masked.
+    advantages: agent -> E group-normalised advantages (0 where the reward is masked).
+    credits: E credit estimates (cooperative; None where an episode's credit could not be split),
+        or None when credit does not apply (competitive).
+    """
+
+    batch: EpisodeBatch
+    rewards: list[dict[str, float]]
+    advantages: dict[str, list[float]]
+    credits: list | None
+
+    @property
+    def episodes(self) -> list:
+        """The played episodes (`batch.episodes`)."""
+        return self.batch.episodes
+
+
 class MultiAgentTrainer:
     """GRPO for every trainable actor of a scenario (see the module docstring)."""
 
     def __init__(self, scenario, actors: dict, seats: dict[str, str], tasks: list[Task], config, *,
                  selfplay: bool = False, log=print):
-        from trainers.grpo.trainer import heuristic_difficulty
         from trainers.grpo.learner import PolicyLearner
-        from trainers.grpo.safeguards import DifficultyBuckets
 
         if not tasks:
             raise ValueError(f"scenario {scenario.spec.name!r} has no training tasks")
         self.scenario, self.spec, self.config, self.log = scenario, scenario.spec, config, log
         self.agents = list(scenario.agent_names)
         self.actors, self.seats = actors, seats
-        torch.set_num_threads(config.threads)
-        random.seed(config.seed)
-        torch.manual_seed(config.seed)
+        seed_everything(config)
         self.learners = {name: PolicyLearner(actor.model, config) for name, actor in actors.items()
                          if actor.trainable and hasattr(actor, "model")}
         if not self.learners:
@@ -113,15 +141,13 @@ class MultiAgentTrainer:
                              "a model policy ('shared', 'own' or a model directory) with trainable: true")
         self.player = EpisodePlayer(scenario, actors, seats)
         self.tasks = {task.id: task for task in tasks}
-        self.buckets = DifficultyBuckets([t.id for t in tasks], [heuristic_difficulty(t) for t in tasks],
-                                         n_buckets=min(config.buckets, len(tasks)), ema=config.bucket_ema,
-                                         seed=config.seed)
+        self.buckets = difficulty_buckets(tasks, config)
         self.rng = random.Random(config.seed)
         self.pool = self._opponent_pool() if selfplay else None
         self.step_count = 0
         self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
                        "episodes": 0}
-        self.last_batch = None
+        self.last_step: StepResult | None = None  # what the last step played and trained on
         self.masked_guard = MaskedRewardGuard(self.spec.train.max_masked_fraction, config.steps, log)
 
     # -- one step, top to bottom ------------------------------------------------------------------
@@ -147,17 +173,17 @@ class MultiAgentTrainer:
         updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale)
                    if self._has_samples(batch, name) else learner.keep_clock()
                    for name, learner in self.learners.items()}
-        self._record_results(tasks, batch, opponent)
+        self._record_results(tasks, batch, credits, opponent)
         self.step_count += 1
-        self.last_batch = (batch, rewards, advantages, credits)
+        self.last_step = StepResult(batch, rewards, advantages, credits)
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
-        return self._metrics(batch, rewards, credits, bucket, guards, updates, times, opponent)
+        return step_metrics(self, self.last_step, bucket, guards, updates, times, opponent)
 
     def _check_masked(self, batch, credits) -> None:
         """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
         masked = [e for index, e in enumerate(batch.episodes)
-                  if _masked(e) or (credits is not None and credits[index] is None)]
+                  if is_masked(e) or (credits is not None and credits[index] is None)]
         self.masked_guard.check(self.step_count, masked, len(batch.episodes))
 
     def _draw_tasks(self, tasks):
@@ -197,31 +223,18 @@ class MultiAgentTrainer:
         return rows, credits
 
     def _apply_safeguards(self, batch, rewards):
-        """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative)."""
-        from trainers.grpo.safeguards import collapse_alarm, diversity_penalties, group_self_bleu
-
-        cfg, g = self.config, self.config.group_size
-        bleus, penalised, floored, alarms = [], 0, 0, 0
+        """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative); the `guard/*` metrics."""
+        cfg, tally = self.config, GuardTally()
         for agent in self.agents:
             texts = [" ".join(t.text for t in e.turns if t.agent == agent) for e in batch.episodes]
-            column = [row[agent] for row in rewards]
-            group_bleu = group_self_bleu(texts, g)
-            bleus += group_bleu
-            alarms += collapse_alarm(group_bleu, cfg.collapse_threshold)
-            if cfg.diversity_penalty > 0:
-                penalties = diversity_penalties(texts, g, threshold=cfg.diversity_threshold,
-                                                penalty=cfg.diversity_penalty)
-                penalised += sum(p > 0 for p in penalties)
-                column = [r - p for r, p in zip(column, penalties)]
+            column = repetition_guards(texts, [row[agent] for row in rewards], cfg, tally)
             if cfg.floor_reward > 0 and self.spec.mode == "cooperative":
                 column, count = self._floor_failed_groups(batch, column, agent)
-                floored += count
+                tally.floored_groups += count
             for row, value in zip(rewards, column):
                 row[agent] = value
-        self.totals["floored_groups"] += floored
-        self.totals["collapse_alarms"] += alarms
-        return rewards, {"guard/self_bleu": statistics.fmean(bleus), "guard/collapse_alarms": alarms,
-                         "guard/diversity_penalised": penalised, "guard/floored_groups": floored}
+        tally.add_to(self.totals)
+        return rewards, tally.metrics()
 
     def _floor_failed_groups(self, batch, column: list[float], agent: str) -> tuple[list[float], int]:
         """The floor reward, in the groups whose every team reward failed (<= 0 or masked) only.
@@ -248,15 +261,12 @@ class MultiAgentTrainer:
             for turn in episode.turns:
                 if turn.agent == agent and turn.actor is not None:
                     rows = batch.generations[turn.actor][turn.batch]
-                    mask = rows.completion_mask[turn.row]
-                    scores.append(((rows.logprobs[turn.row] * mask).sum() / mask.sum().clamp(min=1)).item())
+                    scores.append(masked_mean(rows.logprobs[turn.row], rows.completion_mask[turn.row]).item())
             values.append(statistics.fmean(scores) if scores else -math.inf)
         return values
 
     def _role_advantages(self, rewards) -> dict[str, list[float]]:
         """Each agent's rewards normalised within its task groups (role-conditioned GRPO advantages)."""
-        from trainers.grpo.objective import group_advantages
-
         advantages = {}
         for agent in self.agents:
             column = torch.tensor([row[agent] for row in rewards], dtype=torch.float64)
@@ -285,53 +295,18 @@ class MultiAgentTrainer:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _record_results(self, tasks, batch, opponent) -> None:
-        """Pass rates for the bucket sampler, and match results for the opponent pool."""
-        g = self.config.group_size
-        for index, task in enumerate(tasks):
-            group = [success(e, self.spec.mode) for e in batch.episodes[index * g:(index + 1) * g]]
-            group = [s for s in group if not math.isnan(s)]
-            if group and task.id in self.tasks:
-                self.buckets.update(task.id, statistics.fmean(group))
+    def _record_results(self, tasks, batch, credits, opponent) -> None:
+        """Pass rates for the bucket sampler, the run's totals, and match results for the opponent pool."""
+        successes = [success(e, self.spec.mode) for e in batch.episodes]
+        record_pass_rates(self.buckets, tasks, successes, self.config.group_size, known=self.tasks)
         self.totals["episodes"] += len(batch.episodes)
-        self.totals["masked_episodes"] += sum(_masked(e) for e in batch.episodes)
+        self.totals["masked_episodes"] += sum(is_masked(e) for e in batch.episodes)
+        if credits is not None:
+            self.totals["masked_credit"] += masked_credit(batch.episodes, credits)
         if self.pool is not None:
             self._record_matches(batch, opponent)
             if (self.step_count + 1) % self.spec.train.selfplay.snapshot_every == 0:
                 self.pool.add_snapshot(self.step_count + 1, _snapshot(self.actors["shared"].model))
-
-    def _metrics(self, batch, rewards, credits, bucket, guards, updates, times, opponent) -> dict[str, float]:
-        episodes = batch.episodes
-        team = [e.team_reward() for e in episodes]
-        valid = [r for r in team if not math.isnan(r)]
-        metrics = {"train/step": self.step_count, "train/bucket": bucket,
-                   "train/reward": statistics.fmean(valid) if valid else math.nan,
-                   "train/team_success": nanmean([success(e, self.spec.mode) for e in episodes]),
-                   "judge/masked_episodes": sum(_masked(e) for e in episodes),
-                   "judge/masked_total": self.totals["masked_episodes"], **guards, **times}
-        for agent in self.agents:
-            metrics[f"train/agent/{agent}/reward"] = nanmean([row[agent] for row in rewards])
-            if self.spec.mode != "cooperative":
-                metrics[f"train/agent/{agent}/win_rate"] = nanmean([_won(e, agent) for e in episodes])
-        if credits is not None:
-            metrics.update(credit_shares(credits, self.agents))
-            lost = sum(c is None and not _masked(e) for e, c in zip(episodes, credits))
-            self.totals["masked_credit"] += lost
-            metrics["judge/masked_credit"] = lost
-        for name, update in updates.items():
-            for key in ("loss", "grad_norm", "clip_fraction", "trained_rows"):
-                metrics[f"policy/{name}/{key}"] = update[key]
-            if update["kl"] is not None:
-                metrics["train/kl" if len(updates) == 1 else f"policy/{name}/kl"] = update["kl"]
-        if updates:
-            metrics["train/loss"] = statistics.fmean(u["loss"] for u in updates.values())
-        metrics["train/lr"] = next(iter(self.learners.values())).lr()
-        for index, rate in self.buckets.pass_rates().items():
-            metrics[f"bucket/{index}/pass_rate"] = rate
-        if self.pool is not None:
-            metrics.update(self.pool.ratings_metrics())
-            metrics["selfplay/against_snapshot"] = float(opponent is not None)
-        return metrics
 
     def restart_frozen_copies(self) -> None:
         """After a warm-up changed the weights: the KL references and the opponent pool start from them."""
@@ -391,14 +366,13 @@ class MultiAgentTrainer:
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue like an uninterrupted one."""
-        return {"step": self.step_count, "totals": dict(self.totals), "config": asdict(self.config),
+        return {**core_state(self),
                 "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
                 "generators": {name: a.generator.get_state() for name, a in self.actors.items()
                                if hasattr(a, "generator")},
                 "scripted_rngs": {name: list(a.policy.rng.getstate()) for name, a in self.actors.items()
                                   if hasattr(getattr(a, "policy", None), "rng")},
-                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                "rng": self.rng.getstate(), "buckets": self.buckets.state_dict(),
+                "rng": self.rng.getstate(),
                 "pool": self.pool.state_dict() if self.pool is not None else None,
                 "scenario": resume_fingerprint(self.spec)}
 
@@ -409,17 +383,14 @@ class MultiAgentTrainer:
             raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
                              "with the same scenario and --set values (only step counts may change), or start a "
                              "new run directory")
-        self.step_count, self.totals = state["step"], dict(state["totals"])
+        load_core_state(self, state)
         for name, learner in self.learners.items():
             learner.load_state_dict(state["learners"][name])
         for name, generator_state in state["generators"].items():
             self.actors[name].generator.set_state(generator_state)
         for name, rng_state in state.get("scripted_rngs", {}).items():  # seeded scripted policies (random)
             self.actors[name].policy.rng.setstate(_as_tuple_state(rng_state))
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
         self.rng.setstate(_as_tuple_state(state["rng"]))
-        self.buckets.load_state_dict(state["buckets"])
         if self.pool is not None and state.get("pool") is not None:
             self.pool.load_state_dict(state["pool"])
 
@@ -445,39 +416,6 @@ def _differences(saved, current, path: str = "") -> list[str]:
         return [line for key in sorted(set(saved) | set(current))
                 for line in _differences(saved.get(key), current.get(key), f"{path}.{key}" if path else key)]
     return [] if saved == current else [f"{path}: {saved!r} -> {current!r}"]
-
-
-def success(episode, mode: str) -> float:
-    """Team success of an episode: the outcome layer is fully met (cooperative) or the episode was
-    decided (competitive: someone won); NaN when masked."""
-    if mode == "cooperative":
-        breakdown = episode.breakdown.get("team")
-        if breakdown is None or math.isnan(breakdown.total):
-            return math.nan
-        outcome = breakdown.layers.get("outcome")
-        return float(outcome is not None and outcome >= 1.0)
-    values = list(episode.rewards.values())
-    if any(math.isnan(v) for v in values):
-        return math.nan
-    return float(max(values) > min(values) + 1e-9)
-
-
-def _won(episode, agent: str) -> float:
-    """1 when the agent's zero-sum reward beats every other agent's, 0 otherwise, NaN when masked."""
-    rewards = episode.rewards
-    if any(math.isnan(v) for v in rewards.values()):
-        return math.nan
-    return float(all(rewards[agent] > value + 1e-9 for other, value in rewards.items() if other != agent))
-
-
-def _masked(episode) -> bool:
-    return any(math.isnan(v) for v in episode.rewards.values())
-
-
-def nanmean(values) -> float:
-    """Mean of the non-NaN values (NaN when there are none)."""
-    kept = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(kept) if kept else math.nan
 
 
 def _snapshot(model) -> dict:

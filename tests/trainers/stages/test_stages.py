@@ -129,7 +129,8 @@ def test_reflection_step_retries_low_rate_tasks_with_their_reason_and_discounts_
     assert metrics["reflection/tasks"] == 2 and metrics["reflection/retried"] == 2
     assert metrics["reflection/first_try_success"] == 0.0 and metrics["reflection/retry_success"] == 0.0
     assert metrics["train/step"] == 1 and "policy/shared/loss" in metrics  # left's samples were trained on
-    batch, rewards, _, credits = trainer.last_batch
+    last = trainer.last_step
+    batch, rewards, credits = last.batch, last.rewards, last.credits
     assert [e.job.task.id for e in batch.episodes] == [tasks[5].id] * 2 + [tasks[7].id] * 2
     for episode in batch.episodes:
         wrong = int(episode.job.task.answer) + 1
@@ -240,7 +241,8 @@ def test_safety_step_trains_on_the_adversarial_batch_with_both_penalties(relay):
     assert metrics["safety/fabrications"] == 2 and metrics["safety/violations"] == 2
     assert metrics["safety/fabrication_rate"] == 1.0 and metrics["safety/violation_rate"] == 1.0
     assert metrics["train/step"] == 1 and "policy/shared/loss" in metrics
-    batch, rewards, _, credits = trainer.last_batch
+    last = trainer.last_step
+    batch, rewards, credits = last.batch, last.rewards, last.credits
     assert [e.job.task.id for e in batch.episodes] == [t.id for t in adversarial_tasks(tasks, 0, 2) for _ in "ab"]
     for episode, row, credit in zip(batch.episodes, rewards, credits):
         if episode.job.task.metadata.get("unanswerable"):
@@ -266,7 +268,7 @@ def test_safety_generator_module_supplies_the_adversarial_set(relay, tmp_path, m
     import stages_adversary
 
     assert stages_adversary.CALLS == [(len(tasks), 0)]
-    assert [e.job.task.id for e in trainer.last_batch[0].episodes] == ["blank", "blank", "plain", "plain"]
+    assert [e.job.task.id for e in trainer.last_step.episodes] == ["blank", "blank", "plain", "plain"]
     assert metrics["safety/tasks"] == 2 and metrics["safety/unanswerable_tasks"] == 1
     (tmp_path / "stages_bad.py").write_text("def make(tasks, seed):\n"
                                             "    return [{'prompt': 'p', 'metadata': {'forbidden': '('}}]\n")
