@@ -15,8 +15,7 @@ from __future__ import annotations
 import inspect
 import statistics
 
-from marl.rollout import (ABSENT_MODES, EpisodeJob, PolicyActor, check_absent_mode, policy_player,
-                          team_reward)
+from marl.rollout import ABSENT_MODES, Episode, EpisodeJob, PolicyActor, check_absent_mode, policy_player, team_reward
 from marl.types import Task
 
 ABSENT_POLICIES = ABSENT_MODES  # the name this module used before the engine owned the list
@@ -43,7 +42,7 @@ class ScenarioCoalitionValue:
         self.players = tuple(env.possible_agents)
         self.seeds = [seed + r for r in range(rollouts)]
         self.returns: dict[tuple[frozenset, int], float] = {}
-        self.transcripts: dict[tuple[frozenset, int], tuple[list, list]] = {}
+        self.full_team: dict[int, Episode] = {}  # seed -> the full-team episode (replay and mask start from it)
         # `env` is the engine's first environment; lockstep batches add more that share its scorer
         self.player = policy_player(env, policy, default_policy=default_policy)
 
@@ -83,12 +82,12 @@ class ScenarioCoalitionValue:
     # -- episodes ---------------------------------------------------------------------------------
 
     def _record(self, episodes) -> None:
-        """Cache the team reward of played episodes, and the transcript of full-team ones."""
+        """Cache the team reward of played episodes, and the full-team episodes themselves."""
         for episode in episodes:
             coalition, seed = episode.job.coalition, episode.job.seed
             self.returns[coalition, seed] = episode.team_reward()
             if coalition == frozenset(self.players):
-                self.transcripts[coalition, seed] = (episode.transcript, episode.tool_log)
+                self.full_team[seed] = episode
 
     def _play(self, coalition: frozenset, seed: int) -> float:
         """One episode alone, its policy called agent by agent in the environment's order."""
@@ -111,14 +110,15 @@ class ScenarioCoalitionValue:
     def _reference(self, seed: int) -> list[dict]:
         """The full-team transcript of `seed` (played first if needed), as (agent, text, turn) entries."""
         full = frozenset(self.players)
-        if (full, seed) not in self.transcripts:
+        if seed not in self.full_team:
             self.returns[full, seed] = self._play(full, seed)
-        return [{k: t[k] for k in ("agent", "text", "turn")} for t in self.transcripts[full, seed][0]]
+        return [{k: t[k] for k in ("agent", "text", "turn")} for t in self.full_team[seed].transcript]
 
     def _masked(self, coalition: frozenset, seed: int) -> float:
         self._reference(seed)
-        transcript, tool_log = self.transcripts[frozenset(self.players), seed]
-        return masked_team_reward(self.env.scorer, self.task, transcript, tool_log, coalition, self.players)
+        episode = self.full_team[seed]
+        return masked_team_reward(self.env.scorer, self.task, episode.transcript, episode.tool_log, coalition,
+                                  self.players)
 
 
 class _Resampling:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from marl.credit.coalitions import masked_team_reward
 from marl.credit.exact import NonFiniteValue
-from marl.rollout import EpisodeJob, EpisodePlayer
+from marl.rollout import Episode, EpisodeJob, EpisodePlayer
 
 
 def shrink_factors(episodes, group_size: int, spec) -> list[float | None]:
@@ -68,6 +69,20 @@ def shrink_rewards(rows: list[dict], factors: list[float | None], group_size: in
     return shrunk
 
 
+@dataclass
+class EpisodeReplays:
+    """The counterfactual replays of one played episode: the coalition values found so far, and the
+    memos its replays share (one per rollout: rollout r of every coalition shares its fresh samples)."""
+
+    episode: Episode
+    values: dict[frozenset, float]
+    memos: list[dict]
+
+    def masked(self) -> bool:
+        """A judge failed in the episode or one of its replays (its credit is masked, never a 0)."""
+        return any(math.isnan(v) for v in self.values.values())
+
+
 def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     """One CreditEstimate per episode (None when its team reward is masked), from batched replays."""
     from marl.credit.coalitions import coalitions_needed, estimate_credit
@@ -75,20 +90,19 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     players = tuple(player.scenario.agent_names)
     everyone = frozenset(players)
     needed = [c for c in coalitions_needed(credit, players, player.visibility) if c != everyone]
-    tables = [{everyone: e.team_reward()} for e in episodes]
-    memos = [[{} for _ in range(credit.rollouts)] for _ in episodes]  # rollout r of every coalition shares samples
-    _fill_values(player, episodes, tables, needed, credit, memos)
+    replays = [EpisodeReplays(e, {everyone: e.team_reward()}, [{} for _ in range(credit.rollouts)]) for e in episodes]
+    _fill_values(player, replays, needed, credit)
     estimates = []
-    for episode, table, memo in zip(episodes, tables, memos):
-        if any(math.isnan(v) for v in table.values()):  # a judge failed in the episode or a replay: mask it
+    for replay in replays:
+        if replay.masked():
             estimates.append(None)
             continue
 
-        def value(coalition, table=table, episode=episode, memo=memo):  # sampled estimators ask as they go
+        def value(coalition, replay=replay):  # sampled estimators ask for coalitions as they go
             coalition = frozenset(coalition)
-            if coalition not in table:
-                _fill_values(player, [episode], [table], [coalition], credit, [memo])
-            return table[coalition]
+            if coalition not in replay.values:
+                _fill_values(player, [replay], [coalition], credit)
+            return replay.values[coalition]
 
         try:
             estimates.append(estimate_credit(credit, value, players, player.visibility))
@@ -97,32 +111,33 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     return estimates
 
 
-def _fill_values(player, episodes, tables, coalitions, credit, memos) -> None:
+def _fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> None:
     """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch, the
     replays of an episode sharing its memos (one per rollout) with every earlier and later call."""
     if not coalitions:
         return
     if credit.absent == "mask":
-        for episode, table in zip(episodes, tables):
+        for replay in replays:
+            episode = replay.episode
             for coalition in coalitions:
-                table[coalition] = masked_team_reward(player.scorer, episode.job.task, episode.transcript,
-                                                      episode.tool_log, coalition, list(episode.rewards))
+                replay.values[coalition] = masked_team_reward(player.scorer, episode.job.task, episode.transcript,
+                                                              episode.tool_log, coalition, list(episode.rewards))
         return
     jobs, keys = [], []
-    for e, episode in enumerate(episodes):
+    for index, replay in enumerate(replays):
+        job = replay.episode.job
         for coalition in coalitions:
             for r in range(credit.rollouts):
-                jobs.append(EpisodeJob(episode.job.task, episode.job.seed + 7919 * (r + 1) + credit.seed,
-                                       seats=episode.job.seats, coalition=coalition, absent_mode=credit.absent,
-                                       reference=episode.reference(), prefix=episode.job.prefix,
-                                       memo=memos[e][r]))
-                keys.append((e, coalition))
-    played = player.play(jobs).episodes
-    sums: dict = {}
-    for key, result in zip(keys, played):
-        sums.setdefault(key, []).append(result.team_reward())
-    for (e, coalition), values in sums.items():
-        tables[e][coalition] = statistics.fmean(values)
+                jobs.append(EpisodeJob(job.task, job.seed + 7919 * (r + 1) + credit.seed, seats=job.seats,
+                                       coalition=coalition, absent_mode=credit.absent,
+                                       reference=replay.episode.reference(), prefix=job.prefix,
+                                       memo=replay.memos[r]))
+                keys.append((index, coalition))
+    returns: dict = {}
+    for key, result in zip(keys, player.play(jobs).episodes):
+        returns.setdefault(key, []).append(result.team_reward())
+    for (index, coalition), values in returns.items():
+        replays[index].values[coalition] = statistics.fmean(values)
 
 
 def credit_shares(credits, agents) -> dict[str, float]:
