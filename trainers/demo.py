@@ -8,14 +8,18 @@ plots, and (with the default tracker) an offline Weights & Biases run under wand
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from marl.addition import AdditionSplits, addition_progress, addition_reward, addition_splits
-from trainers.grpo.config import GRPOConfig
+from marl.options import TRACKERS, one_of
+from marl.scenario.overrides import SettingsError, apply_typed_overrides
+from trainers.grpo.config import GRPOConfig, KnobError
 from trainers.grpo.trainer import GRPOTrainer
 from trainers.runs.rundir import RunDirectoryError  # noqa: F401  (raised by run_demo; re-exported for callers)
 from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model, load_policy
@@ -40,6 +44,58 @@ class DemoConfig:
     tracker: str = "wandb"
     """wandb (offline unless WANDB_API_KEY is set) | jsonl | none; metrics.jsonl is always written"""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200))
+
+
+GRPO_FLAGS = ("steps", "threads", "seed")  # GRPO knobs with a flag of their own (--steps, --threads, --seed)
+
+
+def demo_config(overrides: list[str] = (), *, steps: int | None = None, threads: int | None = None,
+                seed: int | None = None, **settings) -> DemoConfig:
+    """The demo's config from its flags and `--set KEY=VALUE` overrides, checked before anything is built.
+
+    `settings` are DemoConfig fields (out, resume, cache_dir, model, tracker, ...); `steps`, `threads` and
+    `seed` set those GRPO knobs. `--set` keys are DemoConfig's fields and `grpo.<knob>` (every GRPOConfig
+    field), applied after the flags by `marl.scenario.overrides.apply_typed_overrides` and checked by the
+    one GRPO knob schema. Raises SettingsError (one line) for any bad flag or setting.
+    """
+    if steps is not None and steps < 1:  # checked before the run directory or the tiny model is made
+        raise SettingsError(f"--steps {steps}: expected 1 or more GRPO steps")
+    data = asdict(DemoConfig(**settings))
+    flags = {name: value for name, value in zip(GRPO_FLAGS, (steps, threads, seed)) if value is not None}
+    data["grpo"].update(flags)
+    data = apply_typed_overrides(data, _settings_schema(DemoConfig), list(overrides))
+    return _checked_demo_config(data, list(overrides), set(flags))
+
+
+def _settings_schema(cls) -> dict:
+    """{field: type} of a (nested) settings dataclass, a nested mapping for each dataclass field."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: _settings_schema(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else hints[f.name]
+            for f in dataclasses.fields(cls)}
+
+
+def _checked_demo_config(data: dict, overrides: list[str], flags: set[str]) -> DemoConfig:
+    """DemoConfig from checked data; a bad value is named by the --set or flag that gave it."""
+    knobs = data.pop("grpo")
+    try:
+        grpo = GRPOConfig(**knobs)
+    except KnobError as error:
+        raise SettingsError(f"{_given_by(f'grpo.{error.knob}', overrides, error.knob in flags)}{error}") from None
+    bad = [(name, f"{name}={data[name]!r}: expected 1 or more") for name in ("eval_samples", "checkpoint_every")
+           if data[name] < 1]
+    if data["tracker"] not in TRACKERS:
+        bad.append(("tracker", f"tracker={data['tracker']!r}: expected {one_of(TRACKERS)}"))
+    if bad:
+        name, message = bad[0]
+        raise SettingsError(f"{_given_by(name, overrides, False)}{message}")
+    return DemoConfig(**data, grpo=grpo)
+
+
+def _given_by(key: str, overrides: list[str], flag: bool) -> str:
+    """'--set KEY: ' when an override set the key (the last one wins), '--FLAG: ' for a flag, else ''."""
+    if any(item.partition("=")[0].strip() == key for item in overrides):
+        return f"--set {key}: "
+    return f"--{key.rpartition('.')[2]}: " if flag else ""
 
 
 def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print) -> Path:
@@ -74,7 +130,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     """
     import torch
 
-    from trainers.runs.rundir import ensure_writable, write_failure
+    from trainers.runs.rundir import ensure_writable, failed_writes_stop_the_run
 
     torch.set_num_threads(config.grpo.threads)
     out = Path(config.out)
@@ -84,10 +140,8 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     model, tokenizer = load_policy(path)
     trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
                           progress_fn=addition_progress)
-    try:
+    with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunDirectoryError):
         return _run(config, out, splits, model, tokenizer, trainer, log)
-    except OSError as error:
-        raise RunDirectoryError(write_failure(out, error, trainer.step_count)) from None
 
 
 def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) -> dict:
@@ -128,16 +182,10 @@ def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) 
 
 
 def _tracker(config: DemoConfig, out: Path, step: int):
-    """The experiment tracker; `none` still keeps the run directory's own metrics.jsonl. A W&B run
-    keeps one id per run directory, so a resume continues it."""
-    from trainers.runs.rundir import wandb_run_id
-    from trainers.runs.tracking import JsonlTracker, make_tracker
+    """The experiment tracker (`none` still keeps metrics.jsonl); a resume continues the same W&B run."""
+    from trainers.runs.tracking import run_tracker
 
-    if config.tracker == "none":
-        return JsonlTracker(out)
-    run_id = wandb_run_id(out, step) if config.tracker == "wandb" else None
-    return make_tracker(config.tracker, out, config=asdict(config), name=out.name, group="demo", run_id=run_id,
-                        resumed_at=step)
+    return run_tracker(config.tracker, out, step, config=asdict(config), group="demo")
 
 
 def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:

@@ -60,17 +60,16 @@ def prepare(options: RunOptions, log=print):
 
 
 def grpo_config(scenario):
-    """The GRPO settings of a scenario's `train` section (total steps = every stage's steps)."""
-    from trainers.grpo.config import GRPOConfig
+    """The GRPOConfig of a scenario: every knob of its `train` section, by name, plus the two derived
+    ones (`DERIVED_KNOBS`): steps = every stage's steps, max_new_tokens = the agents' longest max_tokens."""
+    from trainers.grpo.config import DERIVED_KNOBS, GRPOConfig
     from trainers.stages.warmup import stage_plan
 
     train = scenario.spec.train
-    return GRPOConfig(steps=sum(steps for _, steps in stage_plan(train)), prompts_per_step=train.prompts_per_step,
-                      group_size=train.group_size, max_new_tokens=max(a.max_tokens for a in scenario.spec.agents),
-                      temperature=train.temperature, top_p=train.top_p, lr=train.lr, beta=train.beta,
-                      loss_type=train.loss_type, scale_rewards=train.scale_rewards, mu=train.mu,
-                      buckets=train.buckets, floor_reward=train.floor_reward,
-                      diversity_penalty=train.diversity_penalty, seed=train.seed, threads=train.threads)
+    derived = {"steps": sum(steps for _, steps in stage_plan(train)),
+               "max_new_tokens": max(agent.max_tokens for agent in scenario.spec.agents)}
+    assert set(derived) == set(DERIVED_KNOBS), "every derived GRPO knob is derived here"
+    return GRPOConfig(**train.grpo_knobs(), **derived)
 
 
 def _needs_model(scenario) -> bool:
@@ -131,18 +130,14 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    from trainers.runs.rundir import ensure_writable, write_failure
+    from trainers.runs.rundir import ensure_writable, failed_writes_stop_the_run
 
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
     scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
     out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
+    with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
         return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
-    except OSError as error:
-        if isinstance(error, FileNotFoundError) and not str(error.filename or "").startswith(str(out)):
-            raise  # a missing input file, not a failed write
-        raise RunError(write_failure(out, error, trainer.step_count)) from None
 
 
 def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:
@@ -258,17 +253,12 @@ def _judgment_rows(step: int, episodes) -> list[list]:
 
 
 def _tracker(options: RunOptions, scenario, out: Path, step: int):
-    """The run's tracker; a W&B run keeps one id per run directory, so a resume continues it."""
-    from trainers.runs.rundir import wandb_run_id
-    from trainers.runs.tracking import JsonlTracker, make_tracker
+    """The run's tracker (--tracker, else train.tracking); a resume continues the same W&B run."""
+    from trainers.runs.tracking import run_tracker
 
-    kind = options.tracker or scenario.spec.train.tracking.tracker
-    if kind == "none":
-        return JsonlTracker(out)
-    run_id = wandb_run_id(out, step) if kind == "wandb" else None
-    return make_tracker(kind, out, project=scenario.spec.train.tracking.project,
-                        config=scenario.spec.model_dump(mode="json"), name=out.name, group=scenario.spec.name,
-                        run_id=run_id, resumed_at=step)
+    tracking = scenario.spec.train.tracking
+    return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
+                       config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
 
 
 def _read_json(path: Path):

@@ -3,54 +3,34 @@
     scenario = load_scenario("scenarios/relay.yaml", overrides=["train.lr=1e-4"])
     scenario.tasks()          # list[marl.types.Task]
 
-Problems come in two passes: the shape (pydantic: unknown keys, missing keys, wrong types) and the
-meaning (unknown agents in the graph, cycles, tools, teams, import paths, task files). All problems
-of a pass are collected, so a user fixes a file in one go. Each is printed as
-`FILE:LINE:COL: key.path: what is wrong (how to fix it)`.
+`--set` overrides are applied first (`marl.scenario.overrides`). Problems come in two passes: the shape
+(pydantic: unknown keys, missing keys, wrong types) and the meaning (unknown agents in the graph,
+cycles, tools, teams, import paths, task files). All problems of a pass are collected, so a user
+fixes a file in one go. Each is printed as `FILE:LINE:COL: key.path: what is wrong (how to fix it)`
+(`marl.scenario.problems`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from marl.scenario.graph import check_graph
 from judges.imports import resolve_callable
 from marl.scenario import checks as scenario_checks
+from marl.scenario.overrides import apply_overrides
+from marl.scenario.problems import Problem, ScenarioError, shape_problems, where
 from marl.scenario.spec import ScenarioSpec, TaskSpec
 from marl.types import Task
 from marl.scenario.yaml_positions import MAX_BYTES, YamlSyntaxError, decode_yaml_bytes, load_with_positions, locate
 
+__all__ = ["Problem", "Scenario", "ScenarioError", "apply_overrides", "find_scenario", "load_scenario", "load_tasks"]
+
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "scenarios"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem in a scenario: where it is and what to do about it."""
-
-    file: str
-    line: int
-    column: int
-    path: tuple
-    message: str
-
-    def __str__(self) -> str:
-        dotted = ".".join(str(part) for part in self.path) or "(file)"
-        return f"{self.file}:{self.line}:{self.column}: {dotted}: {self.message}"
-
-
-class ScenarioError(Exception):
-    """A scenario with problems; `problems` holds each one, str() gives one line per problem."""
-
-    def __init__(self, problems: list[Problem]):
-        super().__init__("\n".join(str(p) for p in problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -120,8 +100,7 @@ def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str]
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as error:
-        problems = [_shape_problem(e, data, positions, file, overridden) for e in error.errors()]
-        raise ScenarioError(problems) from None
+        raise ScenarioError(shape_problems(error, ScenarioSpec, data, positions, file, overridden)) from None
     return _checked(spec, positions, base_dir, file, overridden)
 
 
@@ -135,131 +114,9 @@ def _read_text(path: Path) -> str:
     return decode_yaml_bytes(data)
 
 
-def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, set]:
-    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set.
-
-    A path may go through mappings (created when missing) and existing list entries (`agents.0.name`);
-    anything else (`name.x`, `agents.9.name`, a value that is not YAML) is a ScenarioError.
-    """
-    data = copy.deepcopy(data)
-    overridden = set()
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
-        if "=" not in item or not all(str(part) for part in path):
-            raise _override_error(file, key, f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
-        try:
-            value = load_with_positions(raw)[0]
-        except YamlSyntaxError as error:
-            raise _override_error(file, key, f"--set {item!r}: the value is not valid YAML ({error.message}); "
-                                             "quote text, e.g. KEY=\"'[1'\"") from None
-        _set_path(data, path, value, item, file)
-        overridden.add(path)
-    return data, overridden
-
-
-def _override_error(file: str, key: str, message: str) -> ScenarioError:
-    key = key.strip()
-    label = f"{file} (--set {key})" if key else file
-    return ScenarioError([Problem(label, 0, 0, tuple(key.split(".")) if key else (), message)])
-
-
-def _set_path(data, path: tuple, value, item: str, file: str) -> None:
-    """data[path] = value, through existing mappings and list entries; ScenarioError where it cannot go."""
-    node, key = data, ".".join(map(str, path))
-    for depth, part in enumerate(path):
-        where = ".".join(map(str, path[:depth])) or "the file"
-        last = depth == len(path) - 1
-        if isinstance(node, dict):
-            part = str(part)
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-        elif isinstance(node, list):
-            if not isinstance(part, int) or part >= len(node):
-                span = f"indices 0-{len(node) - 1}" if node else "none"
-                raise _override_error(file, key, f"--set {item!r}: {where} is a list of {len(node)} entries "
-                                                 f"({span}); {part!r} is not one of them")
-            if last:
-                node[part] = value
-            else:
-                node = node[part]
-        else:
-            raise _override_error(file, key, f"--set {item!r}: {where} is a {type(node).__name__} ({node!r:.40}), "
-                                             f"not a section with keys; set {where}=VALUE instead")
-
-
-def _where(path, positions, file, overridden) -> tuple[str, int, int]:
-    for prefix in overridden:
-        if tuple(path[:len(prefix)]) == prefix:
-            return f"{file} (--set {'.'.join(map(str, prefix))})", 0, 0
-    line, column = locate(positions, path)
-    return file, line, column
-
-
-def _data_path(loc: tuple, data: Any) -> tuple:
-    """The prefix of a pydantic error location that really indexes into the data."""
-    path, node = [], data
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not path[-1:] == [part]:
-            path.append(part)  # a missing key: point at it by name
-            break
-        else:
-            break
-        path.append(part)
-    return tuple(path)
-
-
-def _allowed_keys(path: tuple) -> list[str]:
-    model: Any = ScenarioSpec
-    for part in path:
-        if isinstance(part, int):
-            continue
-        fields = getattr(model, "model_fields", {})
-        if part not in fields:
-            return []
-        model = _model_of(fields[part].annotation)
-    return sorted(getattr(model, "model_fields", {}))
-
-
-def _model_of(annotation) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for argument in getattr(annotation, "__args__", ()):
-        found = _model_of(argument)
-        if found is not None:
-            return found
-    return None
-
-
-def _shape_problem(error: dict, data, positions, file, overridden) -> Problem:
-    kind, loc = error["type"], tuple(error["loc"])
-    path = _data_path(loc, data)
-    if kind == "extra_forbidden":
-        allowed = ", ".join(_allowed_keys(path[:-1]))
-        message = f"unknown key {path[-1]!r} (remove it or fix its spelling; allowed here: {allowed})"
-    elif kind == "missing":
-        message = f"required key {loc[-1]!r} is missing (add it)"
-        path = path if path and path[-1] == loc[-1] else path + (loc[-1],)
-    else:
-        got = error.get("input")
-        shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        message = f"{error['msg'].removeprefix('Value error, ')} (got {shown})"
-        if got is None and any(path[:len(p)] == p for p in overridden):
-            message += "; --set values are YAML, where null and ~ mean nothing: quote a word, e.g. KEY=\"'null'\""
-    file_label, line, column = _where(path, positions, file, overridden)
-    return Problem(file_label, line, column, path, message)
-
-
 def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden: set) -> Scenario:
     scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions)
-    problems = [Problem(*_where(path, positions, file, overridden), path, message)
+    problems = [Problem(*where(path, positions, file, overridden), path, message)
                 for path, message in check_semantics(scenario)]
     if problems:
         raise ScenarioError(problems)

@@ -6,14 +6,19 @@ pydantic; cross-references (agent names in the graph, tools, teams, imports) are
 what is wrong (how to fix it)` by `marl.scenario.load.load_scenario`.
 
 Sections whose meaning later modules give (`credit`, `judges`, `train`) are validated for shape here
-so that a typo fails at load time, not an hour into a run.
+so that a typo fails at load time, not an hour into a run. `GRPOKnobs` is the one definition of every
+GRPO knob: the `train` section holds each under its own name (but `DERIVED_KNOBS`), and
+`trainers.grpo.config.GRPOConfig` is built from it. Option lists come from `marl.options`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from marl.options import (ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, LOSS_TYPES, LR_SCHEDULES, SCALE_MODES,
+                          STAGES, TRACKERS)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
@@ -182,10 +187,10 @@ class RewardsSpec(Strict):
 class CreditSpec(Strict):
     """Credit assignment (meaning given by the credit module)."""
 
-    method: Literal["team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core"] = "team"
-    estimator: Literal["auto", "exact", "permutation", "antithetic", "tmc", "stratified", "kernel"] = "auto"
+    method: Literal[CREDIT_METHODS] = "team"
+    estimator: Literal[CREDIT_ESTIMATORS] = "auto"
     budget: int | None = Field(None, ge=1, description="coalition evaluations per episode")
-    absent: Literal["skip_turn", "null_message", "default_policy", "resample", "replay", "mask"] = "null_message"
+    absent: Literal[ABSENT_MODES] = "null_message"
     unions: dict[str, list[str]] | None = Field(None, description="Owen value: a priori unions of agents")
     default_policy: str | None = Field(None, description="absent=default_policy: 'module:function' speaking for "
                                                          "absent agents")
@@ -212,7 +217,7 @@ class JudgeSpec(Strict):
 class TrackingSpec(Strict):
     """Experiment tracking."""
 
-    tracker: Literal["wandb", "jsonl", "none"] = "wandb"
+    tracker: Literal[TRACKERS] = "wandb"
     project: str = "marl"
 
 
@@ -259,31 +264,86 @@ class SafetySpec(Strict):
     constraint_penalty: float = Field(0.5, ge=0)
 
 
-class TrainSpec(Strict):
-    """Training settings (meaning given by the trainer; names follow trainers.grpo.config.GRPOConfig)."""
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]  # an AdamW beta: a decay rate in [0, 1)
 
-    steps: int = Field(100, ge=1)
-    prompts_per_step: int = Field(8, ge=1)
-    group_size: int = Field(8, ge=2)
-    lr: float = Field(5e-5, gt=0)
-    beta: float = Field(0.0, ge=0)
-    temperature: float = Field(1.0, gt=0)
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    buckets: int = Field(3, ge=1)
-    floor_reward: float = Field(0.05, ge=0)
-    diversity_penalty: float = Field(0.0, ge=0)
-    seed: int = 0
-    threads: int = Field(1, ge=1)
-    stages: list[Literal["warmup", "main", "reflection", "safety"]] = Field(
-        default_factory=lambda: ["warmup", "main"])
+
+class GRPOKnobs(Strict):
+    """Every knob of the GRPO core, defined once: name, type, default, bounds and a one-line doc.
+
+    `trainers.grpo.config.GRPOConfig` is built from these fields and checked by this model, and a
+    scenario's `train` section holds every one of them under its own name except `DERIVED_KNOBS`.
+    The defaults train the tiny model on a small CPU.
+    """
+
+    steps: int = Field(30, ge=1, description="optimizer steps of the run (each plays prompts_per_step x "
+                                              "group_size completions)")
+    prompts_per_step: int = Field(8, ge=1, description="prompts per step, all drawn from one difficulty bucket")
+    group_size: int = Field(8, ge=2, description="G: completions per prompt; advantages are relative within a group")
+    max_new_tokens: int = Field(8, ge=1, description="longest completion; rows stop at EOS before that")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; logprobs are taken at logits / "
+                                                      "temperature, as in TRL")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 = off)")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (5e-5 suits the tiny model; >= 2e-4 degrades it)")
+    lr_schedule: Literal[LR_SCHEDULES] = Field("constant", description="constant, linear or cosine (decay to 0 "
+                                                                       "over `steps`, after `warmup_steps`)")
+    warmup_steps: int = Field(0, ge=0, description="linear lr warm-up steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_betas: tuple[AdamBeta, AdamBeta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping by global norm")
+    loss_type: Literal[LOSS_TYPES] = Field("dapo", description="dapo, grpo, dr_grpo or bnpo, with TRL 1.16's "
+                                                               "aggregation")
+    scale_rewards: Literal[SCALE_MODES] = Field("group", description="group, batch or none: how advantages are "
+                                                                     "scaled")
+    beta: float = Field(0.0, ge=0, description="KL coefficient to a frozen reference copy (none is built when 0)")
+    epsilon_low: float = Field(0.2, ge=0, le=1, description="lower clip: ratio >= 1 - epsilon_low")
+    epsilon_high: float = Field(0.2, ge=0, description="upper clip: ratio <= 1 + epsilon_high (DAPO's "
+                                                       "clip-higher uses 0.28)")
+    mu: int = Field(1, ge=1, description="policy updates per generated batch (old logprobs are the detached "
+                                         "current ones when 1)")
+    spike_factor: float = Field(10.0, ge=0, description="skip a step whose grad norm exceeds spike_factor x its "
+                                                        "running median (0 disables)")
+    spike_window: int = Field(20, ge=1, description="steps in the running median of the spike guard")
+    spike_on_loss: bool = Field(False, description="also skip a step whose |loss| exceeds spike_factor x its "
+                                                   "running median (see trainers.grpo.learner.SpikeGuard)")
+    floor_reward: float = Field(0.05, ge=0, description="reward given to the most complete member of an "
+                                                        "all-failed group (0 disables)")
+    diversity_threshold: float = Field(0.8, ge=0, le=1, description="pairwise BLEU above which a completion "
+                                                                    "counts as a near-duplicate in its group")
+    diversity_penalty: float = Field(0.0, ge=0, description="amount subtracted from a near-duplicate's reward "
+                                                            "(0 disables)")
+    collapse_threshold: float = Field(0.9, ge=0, le=1, description="group Self-BLEU above which a collapse "
+                                                                   "alarm is counted")
+    buckets: int = Field(3, ge=1, description="difficulty buckets; every batch is drawn from one bucket "
+                                              "(1 = uniform sampling)")
+    bucket_ema: float = Field(0.1, gt=0, le=1, description="weight of a new observation in each task's "
+                                                           "pass-rate EMA")
+    seed: int = Field(0, description="seeds the sampler, the task order and torch (a seed reproduces a run)")
+    threads: int = Field(1, ge=1, description="torch intra-op threads (1 is usually fastest on a small shared CPU)")
+
+
+DERIVED_KNOBS = {
+    "steps": "the sum of every stage's steps (train.steps is the main stage's)",
+    "max_new_tokens": "the longest agents[].max_tokens",
+}
+"""GRPO knobs a scenario does not set by name: `marl run` derives them from the scenario."""
+
+TrainKnobs = create_model(
+    "TrainKnobs", __base__=Strict, __module__=__name__,
+    __doc__="The GRPO knobs of a scenario's `train` section: every GRPOKnobs field but DERIVED_KNOBS.",
+    **{name: (info.annotation, info) for name, info in GRPOKnobs.model_fields.items() if name not in DERIVED_KNOBS})
+
+
+class TrainSpec(TrainKnobs):
+    """Training settings: the GRPO knobs (TrainKnobs, names as in GRPOKnobs) plus the run's own."""
+
+    steps: int = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
+    stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"])
     model: str = Field("tiny", description="'tiny' (the embedded default, built locally) or a local Hugging Face "
                                            "causal-LM directory")
     checkpoint_every: int = Field(10, ge=1)
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
                                                           "(default: all of tasks.eval_count)")
-    top_p: float = Field(1.0, gt=0, le=1)
-    mu: int = Field(1, ge=1)
     max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
                                        "episodes over the last 5 steps had masked rewards (1 never stops)")
     selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
@@ -291,6 +351,10 @@ class TrainSpec(Strict):
     reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)
     safety: SafetySpec = Field(default_factory=SafetySpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    def grpo_knobs(self) -> dict[str, Any]:
+        """The GRPO knobs this section sets, by name (everything of GRPOKnobs but DERIVED_KNOBS)."""
+        return {name: getattr(self, name) for name in TrainKnobs.model_fields}
 
 
 class ScenarioSpec(Strict):

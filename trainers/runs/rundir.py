@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 STATE_FILE = "run.json"
@@ -123,3 +124,15 @@ def write_failure(out: Path, error: OSError, step: int) -> str:
     return (f"cannot write {where}{error.strerror or error} (stopped at step {step}; nothing already written "
             f"is lost, {kept}); free some space, raise the file size limit (ulimit -f) or make {out} "
             "writable, then continue with --resume")
+
+
+@contextmanager
+def failed_writes_stop_the_run(out: Path, steps_done: Callable[[], int], error: type[Exception] = RunDirectoryError):
+    """Inside the block, a write under `out` that fails (a full disk, `ulimit -f`, a read-only file)
+    raises `error` with `write_failure`'s one line; a missing input file elsewhere passes through."""
+    try:
+        yield
+    except OSError as failure:
+        if isinstance(failure, FileNotFoundError) and not str(failure.filename or "").startswith(str(out)):
+            raise  # a missing input file, not a failed write
+        raise error(write_failure(Path(out), failure, steps_done())) from None

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-TRACKER_KINDS = ("wandb", "jsonl", "none")
+from marl.options import TRACKERS as TRACKER_KINDS
 
 # (glob, step metric): every namespace is plotted against its own loop's step key.
 STEP_METRICS = (
@@ -289,3 +289,16 @@ def make_tracker(kind: str, run_dir: Path | str, *, project: str = "marl",
     if kind == "none":
         return NullTracker(run_dir)
     raise ValueError(f"unknown tracker {kind!r}; choose one of {', '.join(TRACKER_KINDS)}")
+
+
+def run_tracker(kind: str, out: Path, step: int, *, config: Mapping[str, Any], group: str,
+                project: str = "marl") -> Tracker:
+    """The tracker of a run directory (`marl run` and `marl demo`): `none` still mirrors metrics to
+    OUT/metrics.jsonl, and a W&B run keeps one id per run directory, so a resume at `step` continues it."""
+    from trainers.runs.rundir import wandb_run_id
+
+    if kind == "none":
+        return JsonlTracker(out)
+    run_id = wandb_run_id(out, step) if kind == "wandb" else None
+    return make_tracker(kind, out, project=project, config=config, name=Path(out).name, group=group, run_id=run_id,
+                        resumed_at=step)

@@ -1,0 +1,37 @@
+"""The option lists of marl's settings, each defined once (torch-free, so every layer can import them).
+
+The scenario schema (`marl.scenario.spec`) turns these into `Literal` types, the GRPO core
+(`trainers.grpo`) and the credit engine check values against them, and the command line names them
+in its help. A new choice is added here and nowhere else.
+"""
+
+from __future__ import annotations
+
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+"""How the GRPO loss is aggregated over tokens and sequences (TRL 1.16's loss types)."""
+
+SCALE_MODES = ("group", "batch", "none")
+"""How advantages are scaled: by the group's std, the batch's std, or not at all."""
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""Learning-rate schedules after the linear warm-up (linear and cosine decay to 0 over the run)."""
+
+ABSENT_MODES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
+"""What an agent outside a coalition does in a counterfactual episode (see marl.credit.coalitions)."""
+
+CREDIT_METHODS = ("team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core")
+"""Credit assignment methods of a scenario's `credit.method`."""
+
+CREDIT_ESTIMATORS = ("auto", "exact", "permutation", "antithetic", "tmc", "stratified", "kernel")
+"""How coalition values are sampled (`credit.estimator`)."""
+
+TRACKERS = ("wandb", "jsonl", "none")
+"""Experiment trackers; metrics.jsonl is written whichever is chosen."""
+
+STAGES = ("warmup", "main", "reflection", "safety")
+"""The training stages of `marl run`, in the order they run."""
+
+
+def one_of(options: tuple[str, ...]) -> str:
+    """The options as prose for help texts and messages: 'a, b or c'."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"

@@ -1,0 +1,109 @@
+"""One definition of every GRPO knob: the scenario's `train` section holds each under its own name, and
+`--set` reads KEY=VALUE the same way for scenarios and for typed settings (the demo's)."""
+
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from marl import options
+from marl.scenario.load import ScenarioError, load_scenario
+from marl.scenario.overrides import SettingsError, apply_typed_overrides, split_override, typed_value
+from marl.scenario.spec import DERIVED_KNOBS, CreditSpec, GRPOKnobs, TrainKnobs, TrainSpec
+
+
+def test_the_train_section_holds_every_knob_but_the_derived_ones_with_the_same_field():
+    assert set(TrainKnobs.model_fields) == set(GRPOKnobs.model_fields) - set(DERIVED_KNOBS)
+    assert set(DERIVED_KNOBS) == {"steps", "max_new_tokens"}
+    for name, knob in TrainKnobs.model_fields.items():
+        original = GRPOKnobs.model_fields[name]
+        assert (knob.annotation, knob.default, knob.metadata) == (original.annotation, original.default,
+                                                                    original.metadata), name
+        assert original.description, f"{name} has no one-line doc"
+    assert TrainSpec.model_fields["steps"].default == 100  # main-stage steps: not the GRPO total
+
+
+def test_option_lists_are_the_schemas_choices():
+    assert typing.get_args(GRPOKnobs.model_fields["loss_type"].annotation) == options.LOSS_TYPES
+    assert typing.get_args(GRPOKnobs.model_fields["scale_rewards"].annotation) == options.SCALE_MODES
+    assert typing.get_args(GRPOKnobs.model_fields["lr_schedule"].annotation) == options.LR_SCHEDULES
+    assert typing.get_args(CreditSpec.model_fields["absent"].annotation) == options.ABSENT_MODES
+    assert options.one_of(("a", "b", "c")) == "a, b or c"
+
+
+def test_the_relay_defaults_of_the_train_section_are_unchanged():
+    train = load_scenario("relay").spec.train
+    assert train.grpo_knobs() == {**GRPOKnobs().model_dump(exclude=set(DERIVED_KNOBS))}
+    assert (train.lr, train.loss_type, train.epsilon_high, train.group_size) == (5e-5, "dapo", 0.2, 8)
+
+
+def test_a_new_knob_is_settable_from_the_train_section():
+    scenario = load_scenario("relay", ["train.epsilon_high=0.28", "train.adam_betas=[0.8, 0.99]",
+                                       "train.lr_schedule=cosine", "train.spike_on_loss=true"])
+    train = scenario.spec.train
+    assert (train.epsilon_high, train.adam_betas, train.lr_schedule, train.spike_on_loss) == (
+        0.28, (0.8, 0.99), "cosine", True)
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("train.loss_type=foo", "train.loss_type: Input should be 'dapo', 'grpo', 'dr_grpo' or 'bnpo' (got 'foo')"),
+    ("train.epsilon_high=-1", "train.epsilon_high: Input should be greater than or equal to 0 (got -1)"),
+    ("train.adam_betas=[0.9, 1.5]", "train.adam_betas.1: Input should be less than 1 (got 1.5)"),
+    ("train.max_new_tokens=9", "train.max_new_tokens: unknown key 'max_new_tokens'"),
+])
+def test_a_bad_knob_is_one_problem_located_at_its_set(setting, message):
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario("relay", [setting])
+    (problem,) = caught.value.problems
+    key = setting.partition("=")[0]
+    assert str(problem).startswith(f"{problem.file}:0:0: {message}") and problem.file.endswith(f"(--set {key})")
+
+
+def test_grpo_knobs_refuse_what_the_trainer_cannot_use():
+    for bad in (dict(group_size=1), dict(lr=0), dict(top_p=1.5), dict(bucket_ema=0), dict(lr_schedule="step")):
+        with pytest.raises(ValidationError):
+            GRPOKnobs(**bad)
+
+
+def test_split_override_reads_the_one_grammar():
+    assert split_override("agents.0.name=x", "e.g.") == ("agents.0.name", ("agents", 0, "name"))
+    for bad in ("lr", "a..b=1", "=1"):
+        with pytest.raises(ValueError, match="expected KEY=VALUE, e.g. e.g."):
+            split_override(bad, "e.g.")
+
+
+SCHEMA = {"out": str, "cache_dir": str | None, "grpo": {"lr": float, "mu": int, "on": bool,
+                                                        "betas": tuple[float, float], "loss_type": str}}
+
+
+def test_typed_overrides_read_each_value_as_its_keys_type():
+    data = {"out": "a", "cache_dir": None, "grpo": {"lr": 1.0, "mu": 1, "on": False, "betas": (0.9, 0.99),
+                                                    "loss_type": "dapo"}}
+    got = apply_typed_overrides(data, SCHEMA, ["grpo.lr=1e-4", "grpo.mu=3", "grpo.on=yes", "grpo.betas=0.5,0.6",
+                                               "cache_dir=/tmp/c", "out=b"])
+    assert got == {"out": "b", "cache_dir": "/tmp/c", "grpo": {"lr": 1e-4, "mu": 3, "on": True, "betas": (0.5, 0.6),
+                                                               "loss_type": "dapo"}}
+    assert data["grpo"]["lr"] == 1.0  # a copy is changed, never the input
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("grpo.nope=1", "--set grpo.nope: unknown key 'nope'; known keys: betas, loss_type, lr, mu, on"),
+    ("nope.x=1", "--set nope.x: unknown section 'nope'"),
+    ("grpo.lr.x=1", "--set grpo.lr.x: grpo.lr is a setting, not a section with keys (set grpo.lr=VALUE instead)"),
+    ("grpo=1", "--set grpo: grpo is a section; set one of its keys (grpo.KEY=VALUE)"),
+    ("grpo.lr=inf", "--set grpo.lr=inf: expected a finite number, got 'inf'"),
+    ("grpo.mu=1.5", "--set grpo.mu=1.5: invalid literal for int() with base 10: '1.5'"),
+    ("grpo.on=maybe", "--set grpo.on=maybe: expected true or false, got 'maybe'"),
+    ("grpo.betas=1", "--set grpo.betas=1: expected 2 comma-separated values, got '1'"),
+    ("lr", "--set 'lr': expected KEY=VALUE, e.g. --set grpo.lr=1e-4"),
+])
+def test_a_bad_typed_override_is_one_line(setting, message):
+    with pytest.raises(SettingsError) as caught:
+        apply_typed_overrides({"out": "", "cache_dir": None, "grpo": {}}, SCHEMA, [setting])
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_typed_value_sees_through_annotated_bounds():
+    assert typed_value("0.5", typing.Annotated[float, "bounds"]) == 0.5
+    assert typed_value("1,2,3", tuple[int, ...]) == (1, 2, 3)
+    assert typed_value("cosine", typing.Literal["constant", "cosine"]) == "cosine"
