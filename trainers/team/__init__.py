@@ -1,6 +1,8 @@
 """Team training: many agents, one GRPO core per trainable policy.
 
-    trainer.py     MultiAgentTrainer: play -> score -> credit -> guards -> advantages -> update
+    trainer.py     MultiAgentTrainer: play -> score -> credit -> guards -> advantages -> update;
+                   what a step played is `trainer.last_step` (a StepResult)
+    metrics.py     team success, wins, masked episodes and the metrics of one step
     evaluation.py  the team's held-out set at temperature 0, and its metrics
 
 May import: marl (rollout, credit, scenario), trainers.grpo, trainers.policy, trainers.runs.

@@ -52,7 +52,7 @@ DEFINITIONS = {
 def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
     """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`."""
     from marl.rollout import EpisodeJob
-    from trainers.team.metrics import nanmean, success
+    from trainers.team.metrics import is_masked, nanmean, success
 
     if not tasks:
         raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
@@ -60,7 +60,7 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, floa
     episodes = player.play([EpisodeJob(task, seed + index) for index, task in enumerate(tasks)], greedy=True).episodes
     figures = {"team_success": nanmean(success(e, mode) for e in episodes),
                "team_reward": nanmean(e.team_reward() for e in episodes) if mode == "cooperative" else math.nan,
-               "masked_episodes": float(sum(any(math.isnan(v) for v in e.rewards.values()) for e in episodes)),
+               "masked_episodes": float(sum(is_masked(e) for e in episodes)),
                "episodes": float(len(episodes))}
     for agent in player.scenario.agent_names:
         figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
