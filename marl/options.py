@@ -17,7 +17,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 """Learning-rate schedules after the linear warm-up (linear and cosine decay to 0 over the run)."""
 
 ABSENT_MODES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
-"""What an agent outside a coalition does in a counterfactual episode (see marl.credit.coalitions)."""
+"""What an agent outside a coalition does in a counterfactual episode (each mode is documented in marl.rollout)."""
 
 CREDIT_METHODS = ("team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core")
 """Credit assignment methods of a scenario's `credit.method`."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from marl.types import Task
 
-ABSENT_MODES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
+from marl.options import ABSENT_MODES  # the one list (documented above, mode by mode)
 JUDGE_THREADS = 32  # threads scoring finished episodes at once (their judge calls overlap)
 
 

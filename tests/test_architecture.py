@@ -21,7 +21,7 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("from pkg.b import f\n")
     (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg import a\n")
     (tmp_path / "pkg" / "c.py").write_text("from . import a\n")
-    assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b"]]
+    assert [sorted(cycle) for cycle in cycles(import_graph(tmp_path, ("pkg",)))] == [["pkg.a", "pkg.b"]]
 
 
 def test_layers_point_down_only():

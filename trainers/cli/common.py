@@ -1,5 +1,5 @@
-"""What the `marl` commands share: the usage error, quiet libraries, `--set` on a dataclass config,
-the common arguments, and how a command's errors become one line.
+"""What the `marl` commands share: the usage error, quiet libraries, the common arguments, and how a
+command's errors become one line (`--set` itself is marl.scenario.overrides, for every command).
 
 Every command module in this folder has the same two functions:
 
@@ -13,8 +13,6 @@ scenario's problems (`ScenarioError`) are printed by `main` too, one located lin
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import sys
 from contextlib import contextmanager
@@ -57,60 +55,6 @@ def training_errors() -> tuple[type[BaseException], ...]:
     from trainers.runs.rundir import RunDirectoryError
 
     return RunError, RunDirectoryError, CheckpointError, FileNotFoundError, ValueError
-
-
-# -- --set KEY=VALUE on a dataclass config (the demo's) ------------------------------------------------------
-def coerce(value: str, current):
-    """Parse an override string to the type of the field's current value."""
-    if isinstance(current, bool):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected true or false, got {value!r}")
-    if isinstance(current, tuple):
-        return tuple(type(current[0])(part) for part in value.split(","))
-    if current is None:
-        return value
-    parsed = type(current)(value)
-    if isinstance(parsed, float) and not math.isfinite(parsed):
-        raise ValueError(f"expected a finite number, got {value!r}")
-    return parsed
-
-
-def _section(config, key: str, parents: list[str]):
-    """The (nested) dataclass that `key`'s leaf is a field of; UsageError naming the wrong part."""
-    target = config
-    for part in parents:
-        if not dataclasses.is_dataclass(target) or not hasattr(target, part):
-            raise UsageError(f"--set {key}: unknown section {part!r}")
-        target = getattr(target, part)
-    if not dataclasses.is_dataclass(target):
-        raise UsageError(f"--set {key}: {'.'.join(parents)} is a setting, not a section with keys "
-                         f"(set {'.'.join(parents)}=VALUE instead)")
-    return target
-
-
-def apply_overrides(config, overrides: list[str]):
-    """Apply `a.b=value` overrides to a (nested) dataclass config; unknown keys are errors.
-
-    Each value is checked for its field's type only; checking the settings together (a dataclass's
-    __post_init__) is the caller's, once its own checks with friendlier messages are done.
-    """
-    for item in overrides:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set grpo.lr=1e-4")
-        key, value = item.split("=", 1)
-        *parents, leaf = key.strip().split(".")
-        target = _section(config, key, parents)
-        names = {f.name for f in dataclasses.fields(target)}
-        if leaf not in names:
-            raise UsageError(f"--set {key}: unknown key {leaf!r}; known keys: {', '.join(sorted(names))}")
-        try:
-            setattr(target, leaf, coerce(value, getattr(target, leaf)))
-        except ValueError as error:
-            raise UsageError(f"--set {key}={value}: {error}") from None
-    return config
 
 
 # -- arguments shared by several commands ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from marl.options import ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, one_of
 from trainers.cli.common import add_play_arguments, setup_play, usage_errors
 
 CREDIT_FLAGS = ("method", "estimator", "absent", "budget", "rollouts")  # each one is a credit.<flag> override
@@ -15,9 +16,9 @@ def add_parser(commands) -> None:
     credit = commands.add_parser("credit", help="per-agent credit of a scenario under a fixed policy")
     credit.add_argument("file", metavar="FILE", help="scenario file or built-in name")
     add_play_arguments(credit, episodes=10)
-    credit.add_argument("--method", help="team, shapley, banzhaf, owen, myerson, difference or least_core")
-    credit.add_argument("--estimator", help="auto, exact, permutation, antithetic, tmc, stratified or kernel")
-    credit.add_argument("--absent", help="null_message, skip_turn, default_policy, resample, replay or mask")
+    credit.add_argument("--method", help=one_of(CREDIT_METHODS))
+    credit.add_argument("--estimator", help=one_of(CREDIT_ESTIMATORS))
+    credit.add_argument("--absent", help=one_of(ABSENT_MODES))
     credit.add_argument("--budget", type=int, help="coalition evaluations per episode")
     credit.add_argument("--rollouts", type=int, help="seeded rollouts per coalition")
     credit.set_defaults(handler=run)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from trainers.cli.common import UsageError, apply_overrides, quiet_libraries, usage_errors
+from marl.options import TRACKERS
+from trainers.cli.common import UsageError, quiet_libraries, usage_errors
 
 
 def add_parser(commands) -> None:
@@ -15,7 +16,7 @@ def add_parser(commands) -> None:
     demo.add_argument("--seed", type=int, help="seed of the RL run (default 0)")
     demo.add_argument("--model", help="a local Hugging Face model directory to train instead of the tiny model")
     demo.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
-    demo.add_argument("--tracker", choices=("wandb", "jsonl", "none"), default="wandb",
+    demo.add_argument("--tracker", choices=TRACKERS, default="wandb",
                       help="wandb (offline unless WANDB_API_KEY is set), jsonl or none; metrics.jsonl is always written")
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a setting, e.g. --set grpo.lr=1e-4 (repeatable)")
@@ -24,21 +25,12 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """Build the demo's config from the flags and --set, check it, and run the demo."""
-    from trainers.demo import DemoConfig, run_demo
+    from marl.scenario.overrides import SettingsError
+    from trainers.demo import demo_config, run_demo
 
-    config = DemoConfig(out=args.out, resume=args.resume, cache_dir=args.cache_dir, model=args.model,
-                        tracker=args.tracker)
-    if args.steps is not None:
-        config.grpo.steps = args.steps
-    if args.threads is not None:
-        config.grpo.threads = args.threads
-    if args.seed is not None:
-        config.grpo.seed = args.seed
-    apply_overrides(config, args.set)
-    if config.grpo.steps < 1:  # checked before the run directory or the tiny model is made
-        raise UsageError(f"--steps {config.grpo.steps}: expected 1 or more GRPO steps")
-    with usage_errors(ValueError):  # the GRPO settings together, after --steps (whose message names the flag)
-        config.grpo.__post_init__()
+    with usage_errors(SettingsError):  # checked before the run directory or the tiny model is made
+        config = demo_config(args.set, steps=args.steps, threads=args.threads, seed=args.seed, out=args.out,
+                             resume=args.resume, cache_dir=args.cache_dir, model=args.model, tracker=args.tracker)
     quiet_libraries()
     try:
         run_demo(config)

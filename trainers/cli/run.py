@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from marl.options import TRACKERS
 from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
 
 
@@ -12,7 +13,7 @@ def add_parser(commands) -> None:
     run_parser.add_argument("--out", help="run directory (default runs/<scenario name>-<date>-<time>)")
     run_parser.add_argument("--resume", action="store_true",
                             help="continue the run in --out from its last checkpoint (same scenario and --set)")
-    run_parser.add_argument("--tracker", choices=("wandb", "jsonl", "none"),
+    run_parser.add_argument("--tracker", choices=TRACKERS,
                             help="default: the scenario's train.tracking.tracker (wandb, offline unless "
                                  "WANDB_API_KEY is set); metrics.jsonl is always written")
     run_parser.set_defaults(handler=run)
