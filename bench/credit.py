@@ -1,7 +1,7 @@
 """Benchmark `marl.credit.estimators` against shap's explainers on games with known Shapley values.
 
 Run from a checkout: `python bench/credit.py` (`--help` for options). `--quick` (seconds, for
-tests/test_benchmarks.py) measures the same two things smaller: exact at n = 10 and 14, the error
+tests/integration/test_benchmarks.py) measures the same two things smaller: exact at n = 10 and 14, the error
 tables at n = 10, one game per family, one budget. The last line, `ratio: ...`, is shap Exact's
 seconds over ours at the largest exact n, both timed in this run.
 

@@ -2,7 +2,7 @@
 
 Run from a checkout: `python bench/credit_vs_equal.py` (3 seeds x 60 steps per condition, about
 4 minutes on a 2-core CPU once the tiny model is cached), or `--quick` (seconds, for
-tests/test_benchmarks.py: 1 seed x 2 steps, 24 held-out tasks), which measures the same ratio on a run
+tests/integration/test_benchmarks.py: 1 seed x 2 steps, 24 held-out tasks), which measures the same ratio on a run
 too short for either condition to reach its target. The last line, `ratio: ...`, is the steps to target
 of Shapley credit over those of the team reward (the anchor), both trained in this run.
 

@@ -1,7 +1,7 @@
 """Benchmark our GRPO trainer against TRL 1.16's `GRPOTrainer` on the addition demo, A/B interleaved.
 
 Run from a checkout: `python bench/grpo_vs_trl.py` (3 rounds of 30 steps, about 30 s once the tiny
-model is cached), or `--quick` (seconds, for tests/test_benchmarks.py: 1 round of 4 steps, held-out
+model is cached), or `--quick` (seconds, for tests/integration/test_benchmarks.py: 1 round of 4 steps, held-out
 accuracy on the first 64 evaluation prompts with 4 samples each). `--json PATH` also writes every
 number as JSON. The last line, `ratio: ...`, is the speed-up over TRL (the anchor) measured in this run.
 

@@ -10,7 +10,7 @@ a JudgeCache at the highest concurrency and replays the same requests from it wi
 the replay must make zero network calls (the server's request counter does not move). Exits with
 status 1 when the replay touches the network or a request fails. The last line, `ratio: ...`, is the
 requests per second at the highest concurrency over the sequential loop's, both measured in this run.
-`--quick` (a few seconds, for tests/test_benchmarks.py) measures the same at 20 ms latency with
+`--quick` (a few seconds, for tests/integration/test_benchmarks.py) measures the same at 20 ms latency with
 fewer requests and concurrency 1, 8 and 64.
 """
 

@@ -7,7 +7,7 @@ prints the median time of each over several repeats and the speedup (goal: at le
 the same for `group_self_bleu` over a batch of groups, the call the trainer makes every step. Exits
 with status 1 when an implementation disagrees with NLTK. The last line, `ratio: ...`, is the
 `self_bleu` speedup over the NLTK loop timed in the same run. `--quick` (a second or two, for
-tests/test_benchmarks.py) makes the same checks and timings on 8 texts of 100 tokens, fewer repeats.
+tests/integration/test_benchmarks.py) makes the same checks and timings on 8 texts of 100 tokens, fewer repeats.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """trainers: the torch edge. The jobs sit on top, the library rooms below.
 
 Jobs, read these first: `run.py` (`marl run`, a team on a scenario), `demo.py` (the addition demo),
-`estimate.py` (what a run would cost). Rooms:
+`estimate.py` (what a run would cost), `evaluate.py` (`marl eval`: a checkpoint's team on the
+held-out set). Rooms:
 
     grpo/     the single-policy GRPO core: config, objective (advantages, loss), learner, trainer, safeguards
     policy/   models: the tiny default, sampling with a KV cache, actors (who speaks for an agent), serve
-    team/     the multi-agent trainer and the team's held-out evaluation
+    team/     the multi-agent trainer (its StepResult), team metrics and the held-out evaluation
     stages/   warm-up (and the stage plan), reflection, safety
-    runs/     run directories, checkpoints, manifests, atomic writes, tracking (the only wandb import), report
+    runs/     run directories, checkpoints, their layout and manifests, atomic writes, tracking (the only
+              wandb import), report, progress
     cli/      the `marl` command: main registers the commands, one module per command
 
 May import: marl, judges, and rooms here in the order cli -> jobs -> stages -> team -> grpo -> policy

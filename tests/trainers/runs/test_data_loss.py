@@ -1,7 +1,7 @@
 """No data loss (issue 10): real file size limits, read-only directories, killed processes, torn files.
 
 Every case asserts the one line marl prints, its exit status, and that no logged step was lost or
-repeated. The runs are the smallest relay runs of tests/test_run.py (a few seconds of training each).
+repeated. The runs are the smallest relay runs of tests/integration/test_run.py (a few seconds of training each).
 """
 
 from __future__ import annotations
