@@ -1,10 +1,11 @@
 """marl: the torch-free core. Core nouns on top, two rooms below.
 
-Top: `types.py` (Task and the plain data every layer shares), `env.py` (a scenario as a PettingZoo
-environment), `tools.py`, `rewards.py` (episode rewards from a reward spec), `blend.py` (rule and judge
-scores into one reward), `options.py` (every option list of the settings, defined once), `rollout.py` (the one lockstep episode engine: absent modes, replays with
-common random numbers), `selfplay.py` (the opponent pool), `policies.py` (scripted policies for tests
-and baselines), `addition.py` (the demo task), `testing.py` (the conformance check we ship). Rooms:
+Top: `types.py` (Task and the plain data every layer shares), `options.py` (every option list of
+the settings, defined once), `env.py` (a scenario as a PettingZoo environment), `tools.py`,
+`rewards.py` (episode rewards from a reward spec), `blend.py` (rule and judge scores into one
+reward), `rollout.py` (the one lockstep episode engine: absent modes, replays with common random
+numbers), `selfplay.py` (the opponent pool), `policies.py` (scripted policies for tests and
+baselines), `addition.py` (the demo task), `testing.py` (the conformance check we ship). Rooms:
 
     scenario/  a YAML file -> a checked Scenario (schema, positions, checks, the turn graph)
     credit/    credit assignment: estimators, exact and sampled, coalition values, replay credit

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
-SCALE_MODES = ("group", "batch", "none")
+from marl.options import LOSS_TYPES, SCALE_MODES  # noqa: F401 - the option lists, defined once (re-exported)
 STD_EPS = 1e-4  # TRL adds 1e-4 (not 1e-8) to the std before dividing
 
 
