@@ -28,6 +28,18 @@ CREDIT_ESTIMATORS = ("auto", "exact", "permutation", "antithetic", "tmc", "strat
 TRACKERS = ("wandb", "jsonl", "none")
 """Experiment trackers; metrics.jsonl is written whichever is chosen."""
 
+DEVICES = ("auto", "cpu", "cuda", "mps")
+"""Where models and tensors live; auto = cuda when available, else mps when available, else cpu."""
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""Model weights' dtype; auto = bfloat16 on a GPU that supports it, float32 otherwise. Logprobs and the
+loss are computed in float32 whatever the weights' dtype (as TRL does)."""
+
+CHAT_TEMPLATE_MODES = ("auto", "none")
+"""How an agent's turn becomes a prompt: auto = the policy's chat template when its tokenizer has one
+(role as the system message, observation as the user message), else the plain observation; none = the
+plain observation always."""
+
 STAGES = ("warmup", "main", "reflection", "safety")
 """The training stages of `marl run`, in the order they run."""
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: a micro random policy (instant) and the real warmed-up demo model (built once)."""
+"""Shared fixtures: a micro random policy (instant), the real warmed-up demo model (built once), and
+small random models of real architectures with a BPE tokenizer and a chat template."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def demo_model_dir(addition):
     from trainers.demo import demo_policy
 
     return demo_policy(addition, log=lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def real_model_dirs(tmp_path_factory):
+    """architecture -> a saved random Qwen2 / Llama / GPT-2 directory with a BPE tokenizer and ChatML
+    template (tests/helpers/real_models.py; built once per session, a second or so each)."""
+    from helpers.real_models import ARCHITECTURES, build_bpe_tokenizer, build_model_dir
+
+    root, tokenizer = tmp_path_factory.mktemp("real_models"), build_bpe_tokenizer()
+    return {arch: build_model_dir(arch, root / arch, tokenizer=tokenizer) for arch in ARCHITECTURES}

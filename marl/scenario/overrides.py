@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -139,6 +140,10 @@ def typed_value(raw: str, annotation) -> Any:
     kind = typing.get_origin(annotation)
     if kind is typing.Annotated:
         return typed_value(raw, typing.get_args(annotation)[0])
+    if kind in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation):
+        if raw.lower() in ("none", "null", "~"):  # an optional setting back to its default (none)
+            return None
+        return typed_value(raw, next(a for a in typing.get_args(annotation) if a is not type(None)))
     if annotation is bool:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -146,12 +151,12 @@ def typed_value(raw: str, annotation) -> Any:
             return False
         raise ValueError(f"expected true or false, got {raw!r}")
     if kind is tuple:
-        parts, types = raw.split(","), typing.get_args(annotation)
-        if len(types) == 2 and types[1] is Ellipsis:
-            types = (types[0],) * len(parts)
-        if len(parts) != len(types):
-            raise ValueError(f"expected {len(types)} comma-separated values, got {raw!r}")
-        return tuple(typed_value(part, type_) for part, type_ in zip(parts, types))
+        parts, kinds = raw.split(","), typing.get_args(annotation)
+        if len(kinds) == 2 and kinds[1] is Ellipsis:
+            kinds = (kinds[0],) * len(parts)
+        if len(parts) != len(kinds):
+            raise ValueError(f"expected {len(kinds)} comma-separated values, got {raw!r}")
+        return tuple(typed_value(part, kind_) for part, kind_ in zip(parts, kinds))
     if annotation in (int, float):
         parsed = annotation(raw)
         if isinstance(parsed, float) and not math.isfinite(parsed):

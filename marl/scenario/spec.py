@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from marl.options import (ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, LOSS_TYPES, LR_SCHEDULES, SCALE_MODES,
+from marl.options import (ABSENT_MODES, CHAT_TEMPLATE_MODES, DEVICES, DTYPES, CREDIT_ESTIMATORS, CREDIT_METHODS, LOSS_TYPES, LR_SCHEDULES, SCALE_MODES,
                           STAGES, TRACKERS)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -49,6 +49,9 @@ class AgentSpec(Strict):
     observation: str | None = Field(
         None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
                           "{task.KEY} (task metadata), {msg.AGENT} (that agent's last visible message)")
+    chat_template: Literal[CHAT_TEMPLATE_MODES] | None = Field(
+        None, description="auto (the policy's chat template when it has one) or none (plain text); "
+                          "default: the scenario's chat_template")
 
 
 class GraphSpec(Strict):
@@ -320,6 +323,16 @@ class GRPOKnobs(Strict):
                                                            "pass-rate EMA")
     seed: int = Field(0, description="seeds the sampler, the task order and torch (a seed reproduces a run)")
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is usually fastest on a small shared CPU)")
+    device: Literal[DEVICES] = Field("auto", description="auto (cuda, else mps, else cpu), cpu, cuda or mps: "
+                                                         "where the models and every tensor live")
+    dtype: Literal[DTYPES] = Field("auto", description="auto (bfloat16 on a GPU that has it, else float32), float32, "
+                                                       "bfloat16 or float16: the weights' dtype (logprobs and loss "
+                                                       "are float32)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
+                                                            "memory, same loss, more time")
+    max_tokens_per_microbatch: int | None = Field(None, ge=1, description="token budget of one training forward; "
+                                                  "the batch is split and gradients accumulated (same loss and "
+                                                  "gradient); none = the whole batch at once")
 
 
 DERIVED_KNOBS = {
@@ -332,6 +345,17 @@ TrainKnobs = create_model(
     "TrainKnobs", __base__=Strict, __module__=__name__,
     __doc__="The GRPO knobs of a scenario's `train` section: every GRPOKnobs field but DERIVED_KNOBS.",
     **{name: (info.annotation, info) for name, info in GRPOKnobs.model_fields.items() if name not in DERIVED_KNOBS})
+
+
+class LoraSpec(Strict):
+    """LoRA adapters (peft) instead of full fine-tuning: one frozen base, an adapter per trained policy."""
+
+    r: int = Field(16, ge=1, le=4096, description="adapter rank")
+    alpha: float = Field(32.0, gt=0, description="scaling numerator: the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="module names (or suffixes) that get adapters, or 'all-linear' "
+                                  "(every linear layer but the output head, as peft defines it)")
 
 
 class TrainSpec(TrainKnobs):
@@ -351,6 +375,7 @@ class TrainSpec(TrainKnobs):
     reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)
     safety: SafetySpec = Field(default_factory=SafetySpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    lora: LoraSpec | None = Field(None, description="LoRA adapters via peft (absent = full fine-tuning)")
 
     def grpo_knobs(self) -> dict[str, Any]:
         """The GRPO knobs this section sets, by name (everything of GRPOKnobs but DERIVED_KNOBS)."""
@@ -378,3 +403,9 @@ class ScenarioSpec(Strict):
     observation_max_chars: int = Field(512, ge=16, le=1_000_000, description="observations are clipped to this (most recent kept)")
     action_max_chars: int = Field(256, ge=1, le=1_000_000, description="an agent's message is clipped to this")
     max_tool_calls_per_turn: int = Field(4, ge=0, le=64)
+    chat_template: Literal[CHAT_TEMPLATE_MODES] = Field(
+        "auto", description="auto: each turn is rendered with the policy's chat template when its tokenizer "
+                            "has one (role = system message, observation = user message); none: plain text")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longest prompt in tokens (the observation's middle history is dropped to fit; "
+                                "default: what the model's context leaves after the agent's max_tokens)")

@@ -27,7 +27,8 @@ NOT_DEFAULT = {
     "spike_factor": ("5.0", 5.0), "spike_window": ("7", 7), "spike_on_loss": ("true", True),
     "floor_reward": ("0.0", 0.0), "diversity_threshold": ("0.7", 0.7), "diversity_penalty": ("0.1", 0.1),
     "collapse_threshold": ("0.95", 0.95), "buckets": ("2", 2), "bucket_ema": ("0.2", 0.2), "seed": ("5", 5),
-    "threads": ("2", 2),
+    "threads": ("2", 2), "device": ("cpu", "cpu"), "dtype": ("float32", "float32"),
+    "gradient_checkpointing": ("true", True), "max_tokens_per_microbatch": ("512", 512),
 }
 SETS = [f"train.{name}={raw}" for name, (raw, _) in NOT_DEFAULT.items()]
 
