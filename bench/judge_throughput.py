@@ -1,7 +1,7 @@
 """Benchmark `judges.model.openai_backend.OpenAIBackend` throughput against a local OpenAI-compatible server.
 
 Run from a checkout: `python bench/judge_throughput.py` (`--help` for options). Starts the loopback test
-server of `tests/judge_server.py` with a fixed latency per request (default 50 ms), then measures
+server of `tests/helpers/judge_server.py` with a fixed latency per request (default 50 ms), then measures
 requests per second through the real `openai` client:
   * a sequential loop: a plain `for` loop awaiting one request at a time (concurrency 1);
   * `complete_many` at concurrency 1, 8, 32 and 64 (the backend's semaphore);
@@ -37,8 +37,8 @@ CONCURRENCIES = (1, 8, 32, 64)
 
 
 def load_server_module():
-    """tests/judge_server.py, imported by path (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("judge_server", ROOT / "tests" / "judge_server.py")
+    """tests/helpers/judge_server.py, imported by path (tests/ is not on the path of a bench)."""
+    spec = importlib.util.spec_from_file_location("judge_server", ROOT / "tests" / "helpers" / "judge_server.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
