@@ -79,6 +79,11 @@ def _needs_model(scenario) -> bool:
 def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
     """train.model as a directory: a local Hugging Face directory, or the embedded tiny model.
 
+    A directory given relative resolves against the working directory (as `marl demo --model`
+    does), not the scenario's folder: the path a user types is the path used. It is checked before
+    anything loads: no config.json, a config or tokenizer that does not load, a tokenizer with
+    neither pad nor eos token are each a one-line RunError.
+
     'tiny' is the addition model of the demo when every character the scenario's expert writes or
     sees is one it knows (the default relay scenario); otherwise a tiny model with the scenario's
     own alphabet, warmed up on its expert demonstrations (cached after the first build).
@@ -87,10 +92,13 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 
     name = scenario.spec.train.model
     if name != "tiny":
-        path = Path(name) if Path(name).is_absolute() else scenario.base_dir / name
-        if not (path / "config.json").exists():
-            raise RunError(f"train.model: {path} is not a Hugging Face model directory (no config.json); "
-                           "use 'tiny' or a directory written by save_pretrained")
+        from judges.model.chat import check_model_dir
+
+        path = Path(name).expanduser()
+        problem = check_model_dir(path)
+        if problem is not None:
+            raise RunError(f"train.model: {problem} (or use 'tiny'; a relative path is read from the working "
+                           f"directory {Path.cwd()})")
         return path
     from trainers.stages.warmup import expert_demonstrations
 

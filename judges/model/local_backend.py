@@ -5,8 +5,10 @@ payloads (`chat(payload) -> dict`); `LocalBackend(model_dir)` is the `ChatBacken
 generation in a worker thread so judges can await it. torch and transformers are imported here, lazily
 on first use of this module's classes; nothing else in `judges` needs them.
 
-The prompt is the tokenizer's chat template when it has one, else the messages' contents joined by
-newlines. temperature 0 means greedy; with logprobs, every generated token comes with its logprob and
+The prompt is `judges.model.chat.render_chat` (the tokenizer's chat template when it has one, else
+the messages' contents joined by newlines), the rendering the trainers give an agent's turn, and
+generation stops at any of the model's end tokens (`stop_token_ids`), which the text never contains.
+temperature 0 means greedy; with logprobs, every generated token comes with its logprob and
 `top_logprobs` alternatives from the distribution it was drawn from. A token the sampler filtered
 out (top_p) has logprob -inf, which JSON cannot carry: it is sent as -9999.0, the floor OpenAI and
 vLLM use. `LocalBackend` checks every answer like the HTTP backend (`checked_response`).
@@ -21,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from judges.model.backend import ChatRequest, ChatResponse, checked_response
+from judges.model.chat import ensure_pad_token, render_chat, stop_token_ids
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for a probability of 0
 
@@ -38,9 +41,7 @@ def _load(model_dir: str | Path):
     path = Path(model_dir)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, tokenizer
 
@@ -88,6 +89,7 @@ class LocalModel:
 
     def __init__(self, model_dir: str | Path, name: str | None = None):
         self.model, self.tokenizer = _load(model_dir)
+        self.stop_ids = stop_token_ids(self.model, self.tokenizer)  # every end token (eos list, end of turn)
         self.name = name or Path(model_dir).name
         self.lock = threading.Lock()
 
@@ -102,11 +104,8 @@ class LocalModel:
                 isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             raise RequestError(400, "invalid_request_error", "messages must be a non-empty list of "
                                                              "{role, content} objects with string content")
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "\n".join(m["content"] for m in messages)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        # the one rendering the trainers use for an agent's turn too (judges/model/chat.py)
+        ids = self.tokenizer(render_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"]
         if not ids:
             raise RequestError(400, "invalid_request_error", "the prompt tokenised to nothing")
         return torch.tensor([ids])
@@ -131,16 +130,16 @@ class LocalModel:
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                       pad_token_id=self.tokenizer.pad_token_id,
-                                      eos_token_id=self.tokenizer.eos_token_id, output_scores=True,
+                                      eos_token_id=self.stop_ids, output_scores=True,
                                       return_dict_in_generate=True, **sampling)
         tokens = out.sequences[0, ids.size(1):].tolist()
         steps = [torch.log_softmax(score[0].float(), dim=-1) for score in out.scores]
         return tokens, steps
 
     def _completion(self, tokens, steps, prompt_tokens, payload) -> dict:
-        eos = self.tokenizer.eos_token_id
-        finish = "stop" if eos in tokens else "length"
-        kept = tokens[:tokens.index(eos)] if eos in tokens else tokens
+        end = next((i for i, token in enumerate(tokens) if token in self.stop_ids), None)
+        finish = "length" if end is None else "stop"
+        kept = tokens if end is None else tokens[:end]  # the text stops before the end token
         choice = {"index": 0, "finish_reason": finish, "logprobs": None,
                   "message": {"role": "assistant", "content": self.tokenizer.decode(kept, skip_special_tokens=True)}}
         if payload.get("logprobs"):

@@ -38,30 +38,35 @@ class ModelActor:
     """A causal LM answering a batch of observations with one batched sampling call."""
 
     def __init__(self, name: str, model, tokenizer, *, trainable: bool = True, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0):
+                 top_p: float = 1.0, seed: int = 0, styles: dict | None = None):
         import torch
 
         self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
+        self.styles = dict(styles or {})  # agent -> trainers.policy.prompts.TurnStyle (role, chat-template mode)
         self.temperature, self.top_p = temperature, top_p
         self.generator = torch.Generator().manual_seed(seed)
 
     def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
-        """Sample (or, greedy, decode) one message per request."""
+        """Sample (or, greedy, decode) one message per request, each prompt in its agent's style
+        (trainers/policy/prompts.py: the chat template when the tokenizer has one); rows stop at any
+        of the model's end tokens, which the texts do not contain."""
         import torch
 
-        from trainers.policy.sampling import decode_completions, encode_prompts, sample_completions
+        from trainers.policy.prompts import decode_turns, stop_token_ids, turn_prompts
+        from trainers.policy.sampling import encode_prompts, sample_completions
 
-        prompts = [observation or " " for _, observation, _ in requests]
+        prompts = turn_prompts(self.tokenizer, requests, self.styles)
         ids, mask = encode_prompts(self.tokenizer, prompts)
+        # computed per call: `marl eval` swaps a checkpoint's model and tokenizer in after construction
         completions = sample_completions(
             self.model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, temperature=self.temperature,
-            top_p=self.top_p, greedy=greedy, eos_token_id=self.tokenizer.eos_token_id,
+            top_p=self.top_p, greedy=greedy, eos_token_id=stop_token_ids(self.model, self.tokenizer),
             pad_token_id=self.tokenizer.pad_token_id, generator=self.generator)
         # rows that saw the same observation (the G episodes of a task at their first turn) share one
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
         completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
-        return Generation(decode_completions(self.tokenizer, completions), completions)
+        return Generation(decode_turns(self.tokenizer, completions), completions)
 
 
 class ScriptedActor:
@@ -82,20 +87,23 @@ class EndpointActor:
 
     trainable = False
 
-    def __init__(self, name: str, backend, *, temperature: float = 1.0, seed: int = 0):
+    def __init__(self, name: str, backend, *, temperature: float = 1.0, seed: int = 0, styles: dict | None = None):
         self.name, self.backend, self.temperature, self.seed = name, backend, temperature, seed
+        self.styles = dict(styles or {})  # agent -> TurnStyle: its role goes out as the system message
         self.requests = 0  # requests sent so far: sampled requests are seeded seed + their index
         self.failures = 0  # requests that failed (their agent said nothing)
 
     def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
-        """One chat completion per request; a failed request says nothing (and is counted)."""
+        """One chat completion per request (the agent's role as the system message, the observation as
+        the user's); a failed request says nothing (and is counted)."""
         from judges.model.backend import ChatRequest, run_sync
+        from trainers.policy.prompts import DEFAULT_STYLE, turn_messages
 
         first, self.requests = self.requests, self.requests + len(requests)
-        chats = [ChatRequest(messages=({"role": "user", "content": observation},), max_tokens=max_new_tokens,
-                             temperature=0.0 if greedy else self.temperature,
+        chats = [ChatRequest(messages=tuple(turn_messages(observation, self.styles.get(agent, DEFAULT_STYLE))),
+                             max_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature,
                              seed=self.seed if greedy else self.seed + first + index)
-                 for index, (_, observation, _) in enumerate(requests)]
+                 for index, (agent, observation, _) in enumerate(requests)]
         responses = run_sync(self.backend.complete_many(chats))
         self.failures += sum(r.status not in ("ok", "truncated") for r in responses)
         return Generation([r.text if r.status in ("ok", "truncated") else "" for r in responses])
@@ -113,10 +121,11 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
     The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. An agent
     whose `trainable` is false freezes its actor (a frozen shared actor freezes every shared agent).
     """
+    from trainers.policy.prompts import agent_styles
     from trainers.policy.tinylm import load_policy
 
     actors, seats, base = {}, {}, None
-    options = dict(temperature=temperature, top_p=top_p)
+    options = dict(temperature=temperature, top_p=top_p, styles=agent_styles(scenario.spec))
     for index, agent in enumerate(scenario.spec.agents):
         key = actor_key(agent)
         seats[agent.name] = key
@@ -131,7 +140,8 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
             model = base[0] if agent.policy == "shared" else copy.deepcopy(base[0])
             actors[key] = ModelActor(key, model, base[1], trainable=agent.trainable, seed=seed + index, **options)
         elif agent.policy.startswith("openai:"):
-            actors[key] = EndpointActor(key, _endpoint_backend(agent), temperature=temperature, seed=seed)
+            actors[key] = EndpointActor(key, _endpoint_backend(agent), temperature=temperature, seed=seed,
+                                        styles=options["styles"])
         elif agent.policy in SCRIPTED or ":" in agent.policy:
             from marl.policies import get_policy
 
@@ -150,6 +160,11 @@ def _model_directory(scenario, agent) -> Path:
         raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} is not 'shared', 'own', a scripted policy "
                          f"(expert, null, random, module:function), 'openai:MODEL', or a Hugging Face model "
                          f"directory ({path} has no config.json)")
+    from judges.model.chat import check_model_dir
+
+    problem = check_model_dir(path)  # a broken directory: one line now, not a traceback from the loader
+    if problem is not None:
+        raise ValueError(f"agent {agent.name!r}: policy {problem}")
     return path
 
 

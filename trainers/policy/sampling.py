@@ -14,6 +14,7 @@ Shapes: N = prompts x G sequences, P = prompt length (left-padded), C = completi
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,20 +101,23 @@ def _pick_tokens(logits, temperature, top_p, greedy, generator):
 @torch.no_grad()
 def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int = 1,
                        max_new_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
-                       greedy: bool = False, eos_token_id: int, pad_token_id: int,
+                       greedy: bool = False, eos_token_id: int | Sequence[int], pad_token_id: int,
                        generator: torch.Generator | None = None) -> Completions:
     """Sample `group_size` completions per prompt with a KV cache, stopping rows at EOS.
 
     The model runs once per distinct prefix, not once per row: the G rows of a prompt start from one
     cache entry, and rows that sampled the same tokens so far keep sharing one (a prefix tree).
     Each row still draws its own token from its prefix's distribution, so the samples are exactly
-    those of G independent generations. Rows stop at EOS; generation stops when every row has.
+    those of G independent generations. Rows stop at EOS (`eos_token_id`: one id or several, e.g. a
+    chat model's end of turn and its end of text); generation stops when every row has.
     `greedy=True` takes the argmax (evaluation at temperature 0). Pass a seeded `generator`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
+                            dtype=torch.long, device=prompt_ids.device)
     rows_prompt = torch.arange(prompt_ids.size(0)).repeat_interleave(group_size)
     n = rows_prompt.numel()
     out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
@@ -127,10 +131,11 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         running = (~done).nonzero().squeeze(-1)
         picked, logprobs, entropy = _pick_tokens(logits[node_of_row[running]], temperature, top_p, greedy, generator)
         steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
-        done[running] = picked == eos_token_id
+        stopped = torch.isin(picked, stop_ids)
+        done[running] = stopped
         if bool(done.all()):
             break
-        alive = picked != eos_token_id
+        alive = ~stopped
         vocab = logits.size(-1)
         nodes, node_of_alive = torch.unique(node_of_row[running[alive]] * vocab + picked[alive], return_inverse=True)
         parent, token = nodes // vocab, nodes % vocab

@@ -4,9 +4,13 @@
     POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs}
 
 Any OpenAI client (and marl's judges) can then use the model as a judge or as a frozen opponent:
-`OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is the tokenizer's chat
-template when it has one, else the messages' contents joined by newlines (the tiny character models
-have no template). temperature 0 means greedy. With `logprobs`, every generated token comes with
+`OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is rendered by
+`judges.model.chat.render_chat`, the function training renders an agent's turn with: the tokenizer's
+chat template when it has one, else the messages' contents joined by newlines (the tiny character
+models have no template). To ask a trained agent what it was trained on, send its role as the system
+message and its observation as the user message (a plain-text model: the observation alone).
+Generation stops at any of the model's end tokens (generation_config eos list, end of turn); the
+answer never contains them. temperature 0 means greedy. With `logprobs`, every generated token comes with
 its logprob and `top_logprobs` alternatives, from the distribution it was drawn from.
 
 The model engine is `judges.model.local_backend.LocalModel` (also usable as a judge backend without HTTP).

@@ -87,12 +87,16 @@ def init_tiny_model(recipe: TinyLMRecipe, vocab_size: int, pad_id: int, bos_id: 
     return LlamaForCausalLM(config).float()
 
 
-def _sft_batch(tokenizer, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, ...]:
-    """Right-padded prompt+answer+EOS ids, attention mask, and labels on answer+EOS only."""
+def _sft_batch(tokenizer, pairs: Sequence[tuple]) -> tuple[torch.Tensor, ...]:
+    """Right-padded prompt+answer+end ids, attention mask, and labels on answer+end only.
+
+    A demonstration is (prompt, answer), ended by eos, or (prompt, answer, end id): a chat model's
+    end-of-turn token (trainers/policy/prompts.py:demonstration), the token it stops at when acting.
+    """
     rows, label_rows = [], []
-    for prompt, answer in pairs:
+    for prompt, answer, *end in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [end[0] if end else tokenizer.eos_token_id]
         rows.append(p + a)
         label_rows.append([-100] * len(p) + a)
     width = max(len(r) for r in rows)
@@ -104,10 +108,12 @@ def _sft_batch(tokenizer, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tenso
     return ids, mask, labels
 
 
-def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple[str, str]], recipe: TinyLMRecipe,
+def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLMRecipe,
                accuracy_fn: Callable[[object], float] | None = None,
                log: Callable[[str], None] = print) -> dict:
-    """Supervised warm-up on (prompt, answer) demonstrations, loss on the answer and EOS only.
+    """Supervised warm-up on (prompt, answer[, end id]) demonstrations, loss on the answer and its end
+    token only (eos unless the demonstration names one). Prompts are used as given: the warm-up stage
+    renders them as the model sees them when acting (trainers/policy/prompts.py).
 
     AdamW with linear warm-up then constant lr. Every `sft_eval_every` steps `accuracy_fn(model)` is
     called (sampled accuracy on a probe set); training stops once it reaches the recipe's target.

@@ -42,6 +42,11 @@ def stage_at(plan: list[tuple[str, int]], step: int) -> tuple[str, int]:
 
 def expert_demonstrations(scenario, tasks: list[Task], limit: int = 512) -> list[tuple[str, str]]:
     """(observation, message) pairs of the scenario's expert on up to `limit` training tasks."""
+    return [(observation, message) for _, observation, message in expert_turns(scenario, tasks, limit)]
+
+
+def expert_turns(scenario, tasks: list[Task], limit: int = 512) -> list[tuple[str, str, str]]:
+    """(agent, observation, message) of every turn the scenario's expert plays on up to `limit` tasks."""
     from marl.env import ScenarioEnv
     from marl.policies import get_policy, rollout
 
@@ -52,7 +57,7 @@ def expert_demonstrations(scenario, tasks: list[Task], limit: int = 512) -> list
     pairs = []
     for index, task in enumerate(tasks[:limit]):
         result = rollout(env, expert, task=task, seed=index)
-        pairs += [(turn["observation"] or " ", turn["action"]) for turn in result.observations]
+        pairs += [(turn["agent"], turn["observation"] or " ", turn["action"]) for turn in result.observations]
     return pairs
 
 
@@ -73,7 +78,13 @@ def format_compliance(player, tasks: list[Task], seed: int = 0) -> float:
 
 
 def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) -> dict:
-    """SFT every trainable model actor on expert demonstrations until format compliance reaches the target."""
+    """SFT every trainable model actor on expert demonstrations until format compliance reaches the target.
+
+    Each demonstration's prompt is rendered for the learner exactly as its actor renders the turn
+    when acting (trainers/policy/prompts.py: the chat template with the agent's role, or the plain
+    observation), and the expert's message is followed by the token the model stops at.
+    """
+    from trainers.policy.prompts import DEFAULT_STYLE, demonstration
     from trainers.policy.tinylm import TinyLMRecipe, sft_warmup
 
     probe = tasks[:64]
@@ -82,14 +93,16 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     if settings.sft_max_steps == 0 or math.isnan(before) or before >= settings.format_target:
         log(f"warm-up: format compliance {before:.2f} (target {settings.format_target}); no SFT needed")
         return report
-    demonstrations = expert_demonstrations(scenario, tasks)
+    turns = expert_turns(scenario, tasks)
     recipe = TinyLMRecipe(sft_lr=settings.sft_lr, sft_batch_size=settings.sft_batch_size,
                           sft_max_steps=settings.sft_max_steps, sft_eval_every=25,
                           sft_warmup_steps=min(50, settings.sft_max_steps),
                           sft_target_accuracy=settings.format_target)
-    log(f"warm-up: format compliance {before:.2f}; SFT on {len(demonstrations)} expert demonstrations")
+    log(f"warm-up: format compliance {before:.2f}; SFT on {len(turns)} expert demonstrations")
     for name in trainer.learners:
         actor = trainer.actors[name]
+        demonstrations = [demonstration(actor.tokenizer, observation, message, actor.styles.get(agent, DEFAULT_STYLE))
+                          for agent, observation, message in turns]
         result = sft_warmup(actor.model, actor.tokenizer, demonstrations, recipe,
                             lambda model: format_compliance(trainer.player, probe), log)
         report["sft_steps"] += result["steps"]
