@@ -2,13 +2,16 @@
 
 The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name
 (the layout is read by trainers/runs/layout.py); model agents the checkpoint has no directory for
-play the base model (train.model). The metrics are trainers/team/evaluation.py's.
+play the base model (train.model). A LoRA checkpoint's directories are adapters: they go on the base
+model (train.model), which must be the base they were trained on (else one line naming both). The
+metrics are trainers/team/evaluation.py's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from trainers.policy.adapters import is_adapter_dir
 from trainers.runs.layout import checkpoint_models
 
 
@@ -23,6 +26,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     from trainers.runs.checkpoint import CheckpointError
 
     trained = checkpoint_models(checkpoint) if checkpoint is not None else {}
+    adapters = {key: directory for key, directory in trained.items() if is_adapter_dir(directory)}
     keys = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents if _model_played(a)}
     if checkpoint is not None and not keys & set(trained):
         raise CheckpointError(f"--checkpoint {checkpoint}: no agent of {scenario.spec.name!r} is played by a model "
@@ -31,13 +35,16 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     on_base = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents
                if a.policy in ("shared", "own")}  # actors build_actors makes from the base model
     base = None
-    if on_base - set(trained):
+    if adapters or on_base - set(trained):  # adapters go on the run's base model
         base = base_model_dir(scenario, cache_dir, log)
     elif on_base:  # every base-model actor is in the checkpoint: build from one of its models, not the base
         base = trained.get("shared", trained[min(on_base)])
     train = scenario.spec.train
-    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
+    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
+                                 adapters={key: d for key, d in adapters.items() if key in on_base})
     for key, directory in trained.items():
+        if key in adapters:
+            continue  # loaded on the base by build_actors
         if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
             actors[key].model, actors[key].tokenizer = load_policy(directory)
     return actors, seats

@@ -13,10 +13,13 @@ import math
 import statistics
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from trainers.policy.sampling import Completions, completion_logprobs, select_rows
+from trainers.policy.adapters import reference_model
+from trainers.policy.sampling import Completions, completion_logprobs, microbatch_rows, select_rows
 
 
 def lr_lambda(config) -> Callable[[int], float]:
@@ -67,21 +70,22 @@ class PolicyLearner:
 
     def __init__(self, model, config):
         self.model, self.config = model, config
-        self.reference = frozen_copy(model) if config.beta != 0 else None
+        # with LoRA the reference is the base with adapters disabled (no copy); else a frozen copy
+        self.reference = reference_model(model, frozen_copy) if config.beta != 0 else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
                                            eps=config.adam_eps, weight_decay=config.weight_decay,
                                            fused=True)  # one kernel for all tensors: ~3x faster than the loop
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.spikes = SpikeGuard(config.spike_factor, config.spike_window, watch_loss=config.spike_on_loss)
         self.skipped_spikes = 0
+        if config.gradient_checkpointing:  # after the reference copy: only the trained model recomputes
+            enable_checkpointing(model)
 
     def update(self, completions: Completions, advantages: torch.Tensor, *, lr_scale: float = 1.0) -> dict[str, float]:
         """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats.
 
         `lr_scale` multiplies this step's scheduled learning rate (the warm-up stage's low-lr check).
         """
-        from trainers.grpo.objective import policy_loss
-
         cfg = self.config
         for group, scheduled in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = scheduled * lr_scale  # the scheduler's next step restores the schedule
@@ -89,20 +93,40 @@ class PolicyLearner:
         if compact is None:  # every advantage is 0: no gradient, but keep the optimizer's clock
             return self.keep_clock()
         rows, row_adv, weights, scale = compact
-        old = None if cfg.mu == 1 else _no_grad_logprobs(self.model, rows, cfg.temperature)
-        ref = None if self.reference is None else _no_grad_logprobs(self.reference, rows, cfg.temperature)
+        parts = microbatches(rows, row_adv, weights, cfg.max_tokens_per_microbatch, cfg.loss_type)
+        old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature) for p in parts]
+        ref = None if self.reference is None else [_no_grad_logprobs(self.reference, p.rows, cfg.temperature)
+                                                   for p in parts]
         for _ in range(cfg.mu):
-            logprobs = completion_logprobs(self.model, rows, cfg.temperature)
-            loss, stats = policy_loss(logprobs, old, ref, row_adv, rows.completion_mask, loss_type=cfg.loss_type,
-                                      epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                                      max_completion_length=cfg.max_new_tokens, row_weights=weights)
-            loss = loss * scale
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, stats = self._accumulate(parts, old, ref, scale)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm, foreach=True).item()
-            self._optimizer_step(skip=self.spikes.is_spike(loss.item(), grad_norm))
-        return {"loss": loss.item(), "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
+            self._optimizer_step(skip=self.spikes.is_spike(loss, grad_norm))
+        return {"loss": loss, "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
                 "trained_rows": rows.completion_ids.size(0)}
+
+    def _accumulate(self, parts, old, ref, scale: float):
+        """Forward and backward of every micro-batch, gradients accumulated: the loss of the whole batch.
+
+        Each part's loss is weighted by its share of the batch's normaliser, so the summed gradients
+        equal those of one forward over all rows. Returns the batch loss (a float) and its LossStats.
+        """
+        from trainers.grpo.objective import policy_loss
+
+        cfg, total, results = self.config, 0.0, []
+        for index, part in enumerate(parts):
+            with training_forward(self.model, cfg.gradient_checkpointing):
+                logprobs = completion_logprobs(self.model, part.rows, cfg.temperature)
+                loss, stats = policy_loss(logprobs, None if old is None else old[index],
+                                          None if ref is None else ref[index], part.advantages,
+                                          part.rows.completion_mask, loss_type=cfg.loss_type,
+                                          epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
+                                          max_completion_length=cfg.max_new_tokens, row_weights=part.weights)
+                loss = loss * scale if part.share is None else loss * (part.share * scale)
+                loss.backward()
+            total += loss.item()
+            results.append(stats)
+        return total, results[0] if len(parts) == 1 else _merge_stats(results, parts)
 
     def keep_clock(self) -> dict[str, float]:
         """A step without samples or signal: the optimizer and lr schedule still advance one step,
@@ -135,8 +159,10 @@ class PolicyLearner:
                 counts.append(1)
         if not counts:
             return None
-        keep = torch.tensor([row for row, _ in first_of.values()])
-        weights = torch.tensor(counts, dtype=torch.float32)
+        device = completions.completion_ids.device
+        keep = torch.tensor([row for row, _ in first_of.values()], device=device)
+        weights = torch.tensor(counts, dtype=torch.float32, device=device)
+        advantages = advantages.to(device)
         rows = select_rows(completions, keep)
         if self.config.loss_type in ("dapo", "bnpo"):
             kept = (weights * rows.completion_mask.sum(-1)).sum().item()
@@ -190,4 +216,89 @@ def _no_grad_logprobs(model, completions: Completions, temperature: float) -> to
     return completion_logprobs(model, completions, temperature)
 
 
+# -- bounded memory: micro-batches with gradient accumulation, gradient checkpointing -------------------
 
+
+@dataclass
+class MicroBatch:
+    """Rows trained in one forward, with their advantages and row weights; `share` is their part of the
+    batch's loss normaliser (None for the whole batch in one part: the loss is then used as computed)."""
+
+    rows: Completions
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    share: float | None
+
+
+def microbatches(rows: Completions, advantages: torch.Tensor, weights: torch.Tensor, max_tokens: int | None,
+                 loss_type: str) -> list[MicroBatch]:
+    """The batch split by a token budget (`train.max_tokens_per_microbatch`; None = one part).
+
+    The loss is a sum over rows divided by one normaliser (`objective.loss_normaliser`), so part i's
+    own loss times normaliser_i / normaliser equals its share of the batch loss, and the gradients
+    summed over parts are those of the whole batch.
+    """
+    from trainers.grpo.objective import loss_normaliser
+
+    groups = microbatch_rows(rows, max_tokens)
+    if len(groups) == 1:
+        return [MicroBatch(rows, advantages, weights, None)]
+    whole = loss_normaliser(rows.completion_mask, loss_type, weights)
+    parts = []
+    for group in groups:
+        index = torch.tensor(group, device=advantages.device)
+        part = select_rows(rows, index)
+        share = loss_normaliser(part.completion_mask, loss_type, weights[index]) / whole
+        parts.append(MicroBatch(part, advantages[index], weights[index], share))
+    return parts
+
+
+def _merge_stats(stats: list, parts: list[MicroBatch]):
+    """The LossStats of the whole batch from its parts': token means weighted by each part's tokens."""
+    from trainers.grpo.objective import LossStats
+
+    tokens = [float((p.rows.completion_mask * p.weights[:, None]).sum()) for p in parts]
+    total = sum(tokens) or 1.0
+
+    def mean(name):
+        values = [getattr(s, name) for s in stats]
+        return None if values[0] is None else sum(v * t for v, t in zip(values, tokens)) / total
+
+    return LossStats(kl=mean("kl"), clip_fraction=mean("clip_fraction"), low_clip_fraction=mean("low_clip_fraction"),
+                     high_clip_fraction=mean("high_clip_fraction"))
+
+
+def enable_checkpointing(model) -> None:
+    """Turn on the model's gradient (activation) checkpointing, non-reentrant (works with frozen inputs).
+
+    It only acts in the training forward (`training_forward`): sampling stays in eval mode with its cache.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"train.gradient_checkpointing: {type(model).__name__} does not support gradient "
+                         "checkpointing; set train.gradient_checkpointing: false")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x; the old name warns
+    if enable is None:
+        enable = model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
+@contextmanager
+def training_forward(model, checkpointing: bool):
+    """Inside the block the checkpointed modules are in training mode, so their checkpointing runs.
+
+    transformers checkpoints a layer only when `layer.training`; `model.train()` would also turn on
+    dropout and change the numbers. Only the modules that carry a `gradient_checkpointing` flag get
+    `training = True` (not their children: dropout and attention dropout stay off), and get it back.
+    """
+    if not checkpointing:
+        yield
+        return
+    flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    before = [m.training for m in flagged]
+    for module in flagged:
+        module.training = True
+    try:
+        yield
+    finally:
+        for module, mode in zip(flagged, before):
+            module.training = mode

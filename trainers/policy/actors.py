@@ -8,7 +8,8 @@ returns the sampled tokens too, so the trainer can turn them into GRPO samples. 
 `build_actors(scenario, base_model_dir)` reads each agent's `policy` and `trainable` fields:
 
     shared          one model for every agent that says 'shared' (role-conditioned by its observation)
-    own             a copy of the base model for this agent alone
+    own             a copy of the base model for this agent alone (with train.lora: its own LoRA
+                    adapter on the one frozen base, as 'shared' gets one; trainers/policy/adapters.py)
     a directory     that Hugging Face causal-LM directory
     expert|null|random|module:function   a scripted policy (frozen)
     openai:MODEL    an OpenAI-compatible endpoint (`base_url`, `api_key_env`), frozen
@@ -115,16 +116,19 @@ def actor_key(agent_spec) -> str:
 
 
 def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, log=print) -> tuple[dict, dict[str, str]]:
+                 seed: int = 0, log=print, adapters: dict[str, Path] | None = None) -> tuple[dict, dict[str, str]]:
     """The actors of a scenario and which actor plays each agent (see the module docstring).
 
-    The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. An agent
-    whose `trainable` is false freezes its actor (a frozen shared actor freezes every shared agent).
+    The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. With
+    `train.lora` set, or `adapters` given (actor key -> a saved adapter directory, as `marl eval`
+    loads a LoRA checkpoint), 'shared' and each 'own' agent get a LoRA adapter of their own on the ONE
+    frozen base instead (trainers/policy/adapters.py). An agent whose `trainable` is false freezes
+    its actor (a frozen shared actor freezes every shared agent).
     """
     from trainers.policy.prompts import agent_styles
     from trainers.policy.tinylm import load_policy
 
-    actors, seats, base = {}, {}, None
+    actors, seats, base = {}, {}, {}
     options = dict(temperature=temperature, top_p=top_p, styles=agent_styles(scenario.spec))
     for index, agent in enumerate(scenario.spec.agents):
         key = actor_key(agent)
@@ -133,12 +137,13 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
             actors[key].trainable = actors[key].trainable and agent.trainable
             continue
         if agent.policy in ("shared", "own"):
-            if base is None:
+            if not base:
                 if base_model_dir is None:
                     raise ValueError("this scenario has model-played agents but no base model was given")
-                base = load_policy(base_model_dir)
-            model = base[0] if agent.policy == "shared" else copy.deepcopy(base[0])
-            actors[key] = ModelActor(key, model, base[1], trainable=agent.trainable, seed=seed + index, **options)
+                base["model"], base["tokenizer"] = load_policy(base_model_dir)
+            model = _base_policy(key, agent, base, base_model_dir, scenario.spec.train.lora, adapters or {})
+            actors[key] = ModelActor(key, model, base["tokenizer"], trainable=agent.trainable, seed=seed + index,
+                                     **options)
         elif agent.policy.startswith("openai:"):
             actors[key] = EndpointActor(key, _endpoint_backend(agent), temperature=temperature, seed=seed,
                                         styles=options["styles"])
@@ -149,7 +154,28 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
         else:
             model, tokenizer = load_policy(_model_directory(scenario, agent))
             actors[key] = ModelActor(key, model, tokenizer, trainable=agent.trainable, seed=seed + index, **options)
+    for actor in actors.values():  # an adapter trains (requires_grad) only when its actor does
+        if hasattr(getattr(actor, "model", None), "owner"):
+            actor.model.trainable = actor.trainable
     return actors, seats
+
+
+def _base_policy(key: str, agent, base: dict, base_model_dir: Path, lora, adapters: dict[str, Path]):
+    """The model of a base-played actor: the base itself ('shared'), a deep copy ('own'), or, with LoRA,
+    the actor's adapter on the one frozen base (a saved one from `adapters`, else a fresh one)."""
+    if lora is None and not adapters:
+        return base["model"] if agent.policy == "shared" else copy.deepcopy(base["model"])
+    from trainers.policy.adapters import AdapterBase
+
+    if "adapters" not in base:
+        base["adapters"] = AdapterBase(base["model"], base_model_dir, base["tokenizer"])
+    if key in adapters:
+        return base["adapters"].load(key, adapters[key])
+    if lora is None:  # a LoRA checkpoint without this actor: a fresh adapter plays the base exactly (B = 0)
+        from marl.scenario.spec import LoraSpec
+
+        lora = LoraSpec()
+    return base["adapters"].add(key, lora)
 
 
 def _model_directory(scenario, agent) -> Path:

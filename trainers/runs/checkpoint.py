@@ -4,7 +4,10 @@ Layout under a run directory:
 
     checkpoints/step-000010/state.pt   trainer.state_dict(): model, optimizer, schedule, RNGs, sampler, guards
     checkpoints/step-000010/model/     the policy as a Hugging Face directory (loadable by load_policy);
-                                       a multi-agent run adds model-<actor>/ for each agent with its own model
+                                       a multi-agent run adds model-<actor>/ for each agent with its own model;
+                                       with train.lora each is the actor's LoRA adapter only (peft's
+                                       save_pretrained, plus marl_base.json: the base directory and its
+                                       fingerprint), and state.pt holds adapter weights, not models
     checkpoints/step-000010/manifest.json  size and sha256 of every file above (trainers/runs/manifest.py)
     checkpoints/latest                 the name of the newest complete checkpoint
 
@@ -189,7 +192,20 @@ def load_checkpoint(trainer, checkpoint: str | Path) -> None:
         details = ", ".join(f"{k}: {saved[k]!r} -> {current.get(k)!r}" for k in sorted(changed))
         raise CheckpointError(f"checkpoint {checkpoint} was made with a different config ({details}); "
                          "resume with the same settings or start a new run directory")
+    _check_adapter_bases(trainer, Path(checkpoint))
     trainer.load_state_dict(state)
+
+
+def _check_adapter_bases(trainer, checkpoint: Path) -> None:
+    """LoRA adapters resume only on the base they were trained on: CheckpointError naming both otherwise."""
+    models = trainer.export_models() if hasattr(trainer, "export_models") else {}
+    for name, (model, _) in models.items():
+        check = getattr(model, "check_saved_base", None)  # an adapter policy (trainers/policy/adapters.py)
+        if check is not None and (checkpoint / name).is_dir():
+            try:
+                check(checkpoint / name)
+            except ValueError as error:
+                raise CheckpointError(f"cannot resume from {checkpoint}: {error}") from None
 
 
 def _config_dict(trainer) -> dict:

@@ -4,8 +4,12 @@
     RUN/checkpoints/step-000200/model-<agent>/  the policy of the agent with that name (policy: own)
     RUN/checkpoints/latest                      the name of the newest complete checkpoint
 
-A path is a checkpoint when it holds such a model directory (a directory with a config.json), and a
-run directory when it holds checkpoints/; a run directory means its newest complete checkpoint. Every
+With train.lora the model directories are LoRA adapters (peft's adapter_config.json and
+adapter_model.safetensors, plus marl_base.json naming the base directory and its fingerprint;
+trainers/policy/adapters.py), never full models.
+
+A path is a checkpoint when it holds such a model directory (a directory with a config.json, or an
+adapter's adapter_config.json), and a run directory when it holds checkpoints/; a run directory means its newest complete checkpoint. Every
 wrong path is a CheckpointError whose message says what to pass instead. The full layout, and how
 checkpoints are written, is in trainers/runs/checkpoint.py (imported only when a path is resolved,
 since it loads torch).
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+MODEL_FILES = ("config.json", "adapter_config.json")  # a full model, or a LoRA adapter (peft)
+
 
 def checkpoint_models(checkpoint: Path) -> dict[str, Path]:
-    """Actor name -> model directory of a checkpoint ('shared' for model/, the agent for model-<agent>/)."""
+    """Actor name -> model (or adapter) directory of a checkpoint ('shared' for model/, the agent for model-<agent>/)."""
     found = {}
     for directory in sorted(checkpoint.glob("model*")):
-        if (directory / "config.json").exists() and (directory.name == "model" or directory.name.startswith("model-")):
+        if any((directory / name).exists() for name in MODEL_FILES) and (directory.name == "model" or directory.name.startswith("model-")):
             found["shared" if directory.name == "model" else directory.name.removeprefix("model-")] = directory
     return found
 

@@ -291,7 +291,9 @@ class MultiAgentTrainer:
                     index.append(offsets[turn.batch] + turn.row)
                     values.append(advantages[turn.agent][e])
         merged = concat_completions(batch.generations[actor])
-        return select_rows(merged, torch.tensor(index)), torch.tensor(values, dtype=torch.float32)
+        device = merged.completion_ids.device  # the model's: the learner trains there
+        return (select_rows(merged, torch.tensor(index, device=device)),
+                torch.tensor(values, dtype=torch.float32, device=device))
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -328,8 +330,10 @@ class MultiAgentTrainer:
             raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
                              "train.selfplay.enabled: false or make every agent's policy 'shared'")
         from trainers.policy.actors import ModelActor
+        from trainers.policy.adapters import opponent_model  # with LoRA: a frozen adapter on the same base
 
-        self.actors[OPPONENT] = ModelActor(OPPONENT, frozen_copy(shared.model), shared.tokenizer, trainable=False,
+        self.actors[OPPONENT] = ModelActor(OPPONENT, opponent_model(shared.model, OPPONENT, frozen_copy),
+                                           shared.tokenizer, trainable=False,
                                            temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99)
         pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
                             seed=self.config.seed)
