@@ -132,12 +132,15 @@ def run_demo(config: DemoConfig, log=print) -> dict:
 
     from trainers.runs.rundir import ensure_writable, failed_writes_stop_the_run
 
+    from trainers.policy.loading import placement
+
     torch.set_num_threads(config.grpo.threads)
+    device, dtype = placement(config.grpo.device, config.grpo.dtype)  # checked before anything is built
     out = Path(config.out)
     ensure_writable(out)
     splits = addition_splits(seed=0)
     path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
-    model, tokenizer = load_policy(path)
+    model, tokenizer = load_policy(path, device=device, dtype=dtype)
     trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
                           progress_fn=addition_progress)
     with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunDirectoryError):

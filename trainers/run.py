@@ -46,13 +46,16 @@ def prepare(options: RunOptions, log=print):
     """Scenario, tasks, actors and trainer of a run (validation first, models after)."""
     from marl.scenario.load import load_scenario
     from trainers.policy.actors import build_actors
+    from trainers.policy.loading import place_actors, placement
     from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
     train_tasks, eval_tasks = scenario.split()
     train = scenario.spec.train
+    device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
     base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
     actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
+    place_actors(actors, device, dtype)  # models (and their generators) onto train.device in train.dtype
     config = grpo_config(scenario)
     selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
     trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)

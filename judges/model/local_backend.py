@@ -34,7 +34,7 @@ def _seed_torch(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _load(model_dir: str | Path):
+def _load(model_dir: str | Path, *, device: str = "cpu", dtype=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +42,7 @@ def _load(model_dir: str | Path):
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
     tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(path))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(device).eval()
     return model, tokenizer
 
 

@@ -116,6 +116,20 @@ def _aggregate(per_token_loss, mask, loss_type, max_completion_length, row_weigh
     return (row_weights * row_sums).sum() / (row_weights * mask.sum(-1)).sum().clamp(min=1.0)
 
 
+def loss_normaliser(mask: torch.Tensor, loss_type: str, row_weights: torch.Tensor | None = None) -> float:
+    """What `_aggregate` divides the summed token losses by, up to a factor equal for every sub-batch.
+
+    grpo and dr_grpo: the (weighted) number of rows; dapo and bnpo: the (weighted) number of completion
+    tokens. A micro-batch's loss times its normaliser over the batch's is its share of the batch loss.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r} is not one of {LOSS_TYPES}")
+    weights = torch.ones(mask.size(0), device=mask.device) if row_weights is None else row_weights.float()
+    if loss_type in ("grpo", "dr_grpo"):
+        return float(weights.sum())
+    return float((weights * mask.float().sum(-1)).sum().clamp(min=1.0))
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor | None,

@@ -24,6 +24,7 @@ from trainers.grpo.safeguards import apply_floor_reward
 from trainers.grpo.shared import (GuardTally, bucket_metrics, core_state, difficulty_buckets,
                                   heuristic_difficulty, load_core_state, nanmean, record_pass_rates,
                                   repetition_guards, seed_everything)
+from trainers.policy.loading import model_device
 from trainers.policy.sampling import Completions, decode_completions, encode_prompts, sample_completions
 
 __all__ = ["GRPOTrainer", "heuristic_difficulty", "score_completions"]
@@ -73,7 +74,7 @@ class GRPOTrainer:
         self.tokenizer, self.reward_fn, self.progress_fn = tokenizer, reward_fn, progress_fn
         self.tasks = {task.id: task for task in tasks}
         self.learner = PolicyLearner(model, config)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator(device=model_device(model)).manual_seed(config.seed)  # sampling draws here
         self.buckets = difficulty_buckets(tasks, config)
         self.step_count = 0
         self.totals = {"masked_rewards": 0, "floored_groups": 0, "collapse_alarms": 0}

@@ -45,7 +45,7 @@ class ModelActor:
         self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
         self.styles = dict(styles or {})  # agent -> trainers.policy.prompts.TurnStyle (role, chat-template mode)
         self.temperature, self.top_p = temperature, top_p
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
 
     def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
         """Sample (or, greedy, decode) one message per request, each prompt in its agent's style

@@ -14,11 +14,13 @@ Shapes: N = prompts x G sequences, P = prompt length (left-padded), C = completi
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from trainers.policy.loading import model_device
 
 @dataclass
 class Completions:
@@ -116,16 +118,18 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    device = model_device(model)  # every tensor of the batch lives where the model does (a no-op on the CPU)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
                             dtype=torch.long, device=prompt_ids.device)
-    rows_prompt = torch.arange(prompt_ids.size(0)).repeat_interleave(group_size)
+    rows_prompt = torch.arange(prompt_ids.size(0), device=device).repeat_interleave(group_size)
     n = rows_prompt.numel()
     out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
                                      position_ids=_positions(prompt_mask), logits_to_keep=1)
     logits = out.logits[:, -1]
     node_of_row = rows_prompt.clone()  # each row's prefix node; logits and cache rows are per node
     attention, position = prompt_mask, prompt_mask.sum(-1, keepdim=True)
-    done = torch.zeros(n, dtype=torch.bool)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
     steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
     for _ in range(max_new_tokens):
         running = (~done).nonzero().squeeze(-1)
@@ -140,7 +144,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         nodes, node_of_alive = torch.unique(node_of_row[running[alive]] * vocab + picked[alive], return_inverse=True)
         parent, token = nodes // vocab, nodes % vocab
         cache.batch_select_indices(parent)
-        attention = torch.cat([attention[parent], torch.ones((parent.numel(), 1), dtype=attention.dtype)], dim=1)
+        attention = torch.cat([attention[parent], torch.ones((parent.numel(), 1), dtype=attention.dtype, device=device)], dim=1)
         position = position[parent]
         out, cache = _forward_with_cache(model, cache, input_ids=token[:, None], attention_mask=attention,
                                          position_ids=position)
@@ -154,9 +158,10 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 
 def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):
     """One generation step's values for the running rows, laid out over all n rows."""
-    full_tokens = torch.full((n,), pad_token_id, dtype=tokens.dtype).index_copy(0, running, tokens)
-    full_logprobs = torch.zeros(n, dtype=logprobs.dtype).index_copy(0, running, logprobs)
-    full_entropy = torch.zeros(n, dtype=entropy.dtype).index_copy(0, running, entropy)
+    device = tokens.device
+    full_tokens = torch.full((n,), pad_token_id, dtype=tokens.dtype, device=device).index_copy(0, running, tokens)
+    full_logprobs = torch.zeros(n, dtype=logprobs.dtype, device=device).index_copy(0, running, logprobs)
+    full_entropy = torch.zeros(n, dtype=entropy.dtype, device=device).index_copy(0, running, entropy)
     return full_tokens, full_logprobs, full_entropy, mask.clone()
 
 
@@ -206,6 +211,33 @@ def pack_completions(completions: Completions, pack_tokens: int = 1024) -> _Pack
     return pack
 
 
+def microbatch_rows(completions: Completions, max_tokens: int | None) -> list[list[int]]:
+    """Rows grouped into micro-batches of at most `max_tokens` packed tokens each (None: one group).
+
+    A row costs its fed completion tokens, plus its prompt's when it is the first row of that prompt in
+    the group (`pack_completions` lays a prompt out once per group); a prompt's rows stay together
+    while they fit. A single row longer than the budget is a micro-batch of its own.
+    """
+    if max_tokens is None:
+        return [list(range(completions.completion_ids.size(0)))]
+    lengths = completions.completion_mask.sum(-1).clamp(min=1).tolist()
+    prompt_lengths = completions.prompt_mask.sum(-1).tolist()
+    by_prompt: dict[int, list[int]] = {}
+    for row, prompt in enumerate(completions.prompt_index.tolist()):
+        by_prompt.setdefault(prompt, []).append(row)
+    groups, current, used = [], [], 0
+    for prompt_rows in by_prompt.values():
+        opened = False  # whether this prompt is already laid out in the current group
+        for row in prompt_rows:
+            cost = lengths[row] - 1 + (0 if opened else prompt_lengths[row])
+            if current and used + cost > max_tokens:
+                groups.append(current)
+                current, used, cost = [], 0, lengths[row] - 1 + prompt_lengths[row]
+            current.append(row)
+            used, opened = used + cost, True
+    return groups + [current] if current else groups
+
+
 def _append(pack: _Pack, tokens, positions, block: int, row: int) -> None:
     pack.ids[-1].extend(tokens)
     pack.positions[-1].extend(positions)
@@ -215,37 +247,68 @@ def _append(pack: _Pack, tokens, positions, block: int, row: int) -> None:
 
 def _pack_mask(blocks: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive (S, 1, L, L) mask: a token sees earlier tokens of its block's prompt and of its own row."""
-    length = blocks.size(1)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    length, device = blocks.size(1), blocks.device
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     same_block = blocks[:, :, None] == blocks[:, None, :]
     visible_key = (rows[:, None, :] == -1) | (rows[:, :, None] == rows[:, None, :])
     allowed = causal & same_block & visible_key & (blocks[:, None, :] >= 0)
-    allowed |= torch.eye(length, dtype=torch.bool)  # padding sees itself: no empty softmax rows
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+    allowed |= torch.eye(length, dtype=torch.bool, device=device)  # padding sees itself: no empty softmax rows
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+@contextmanager
+def _head_only_at(model, sequence: torch.Tensor, index: torch.Tensor):
+    """Inside the block the model's LM head sees only the hidden states at (sequence, index).
+
+    The packed forward needs logits where a completion token is predicted, not at prompt positions:
+    with a 152k vocabulary the full (S, L, V) logits are the largest tensor of the step. A pre-hook
+    on the output embedding keeps the model's own forward (any logit scaling or soft-capping after
+    the head still applies) and hands the head a (1, K, H) batch of the K distinct positions.
+    Yields `gathered(logits) -> (K, V)` logits, one row per distinct position, in `positions` order.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    fired = []
+
+    def gather(module, args):
+        fired.append(True)
+        return (args[0][sequence, index][None], *args[1:])
+
+    handle = head.register_forward_pre_hook(gather) if head is not None else None
+    try:
+        yield lambda logits: logits[0] if fired else logits[sequence, index]
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 def completion_logprobs(model, completions: Completions, temperature: float = 1.0,
                         pack_tokens: int = 1024) -> torch.Tensor:
-    """Per-token logprobs (N, C) of the completions under `model` at logits / temperature.
+    """Per-token logprobs (N, C) of the completions under `model` at logits / temperature, in float32.
 
     Differentiable; one forward over packed sequences (`pack_completions`), so each prompt runs
-    once and padding costs nothing. Positions past a row's length are 0; callers use the mask.
+    once and padding costs nothing; the LM head runs only at the positions that predict a completion
+    token (`_head_only_at`), and the log-softmax is taken in float32 whatever the weights' dtype (as
+    TRL does). Positions past a row's length are 0; callers use the mask.
     """
     pack = pack_completions(completions, pack_tokens)
     width = max(len(ids) for ids in pack.ids)
+    device = model_device(model)
 
     def padded(column, fill):
-        return torch.tensor([values + [fill] * (width - len(values)) for values in column])
+        return torch.tensor([values + [fill] * (width - len(values)) for values in column], device=device)
 
     dtype = next(model.parameters()).dtype
     mask = _pack_mask(padded(pack.blocks, -1), padded(pack.rows, -1), dtype)
-    out = model(input_ids=padded(pack.ids, 0), attention_mask=mask,
-                position_ids=padded(pack.positions, 0))
-    row, step, sequence, index = (torch.tensor(column) for column in zip(*pack.targets))
-    logits = out.logits[sequence, index].float() / temperature
+    row, step, sequence, index = (torch.tensor(column, device=device) for column in zip(*pack.targets))
+    # the G rows of a prompt are all predicted from its last token: one head row serves them all
+    positions, inverse = torch.unique(sequence * width + index, return_inverse=True)
+    with _head_only_at(model, positions // width, positions % width) as gathered:
+        out = model(input_ids=padded(pack.ids, 0), attention_mask=mask, position_ids=padded(pack.positions, 0),
+                    use_cache=False)
+    logits = gathered(out.logits)[inverse].float() / temperature
     token = completions.completion_ids[row, step]
     picked = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    result = torch.zeros(completions.completion_ids.shape, dtype=picked.dtype)
+    result = torch.zeros(completions.completion_ids.shape, dtype=picked.dtype, device=device)
     return result.index_put((row, step), picked)
 
 
@@ -276,7 +339,10 @@ def select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
     """The sub-batch of the given rows (a boolean mask or indices)."""
     from dataclasses import fields
 
-    return Completions(**{f.name: getattr(completions, f.name)[rows] for f in fields(Completions)})
+    def pick(tensor):  # an index on another device than the field (a CPU prompt_index, say) is moved to it
+        return tensor[rows.to(tensor.device)]
+
+    return Completions(**{f.name: pick(getattr(completions, f.name)) for f in fields(Completions)})
 
 
 def concat_completions(batches: list[Completions]) -> Completions:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from marl.addition import ALPHABET
+from trainers.policy.loading import load_policy  # noqa: F401 - moved to loading.py; kept for callers
 
 RECIPE_VERSION = 1  # bump when the build code changes what a recipe produces
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -162,22 +163,6 @@ def save_atomically(model, tokenizer, target: Path, extra: dict) -> None:
         (directory / "marl_build.json").write_text(json.dumps(extra, indent=2))
 
     write_directory_atomically(target, write, keep_existing=True)
-
-
-def load_policy(path: str | Path):
-    """Load any local Hugging Face causal LM directory: returns (model in eval mode, tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
-                                "pass a directory written by save_pretrained")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return model.eval(), tokenizer
 
 
 class CacheDirError(FileNotFoundError):

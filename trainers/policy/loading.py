@@ -1,0 +1,144 @@
+"""Where a policy lives and in what precision: device and dtype resolution, and loading a model there.
+
+    resolve_device("auto")            "cuda" when torch sees one, else "mps", else "cpu"
+    resolve_dtype("auto", device)     torch.bfloat16 on a GPU that has it, else torch.float32
+    load_policy(path, device=, dtype=) any local Hugging Face causal LM, on that device in that dtype
+    place_actors(actors, device, dtype) models already built (the team's actors) moved there, with
+                                      their sampling generators remade on the same device and seed
+    model_device(model)               the device of a model's weights (every tensor of a step follows it)
+
+The trainers never read `train.device` themselves: they put every tensor and generator on the device
+of the model they were given, so a model built on the CPU in a test stays on the CPU whatever the
+config says. A device or dtype the machine cannot do is a `PlacementError`: one line naming the
+problem and the fix (the CLI prints it and exits 2, before any model is loaded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from marl.options import DEVICES, DTYPES
+
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PlacementError(ValueError, RuntimeError):
+    """A device or dtype this machine cannot do (one line: the problem and the fix).
+
+    A ValueError for `marl run`'s error path and a RuntimeError for `marl demo`'s: both print it and exit 2.
+    """
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def resolve_device(name: str = "auto") -> str:
+    """The device to run on: `auto` = cuda when torch sees one, else mps, else cpu; a named device must exist."""
+    if name not in DEVICES:
+        raise PlacementError(f"train.device={name!r} is not one of {', '.join(DEVICES)}; use auto or cpu")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PlacementError("train.device=cuda but torch sees no CUDA device; use cpu or auto")
+    if name == "mps" and not _mps_available():
+        raise PlacementError("train.device=mps but torch sees no MPS (Apple GPU) device; use cpu or auto")
+    return name
+
+
+def _supports_bfloat16(device: str) -> bool:
+    """Whether the device computes in bfloat16: every CPU does (slowly); a GPU only when its hardware has it."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if kind == "mps":
+        try:  # older macOS versions have no bfloat16 kernels
+            torch.ones(1, dtype=torch.bfloat16, device="mps").sum().item()
+        except (RuntimeError, TypeError):
+            return False
+    return True
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """The weights' dtype on `device`: `auto` = bfloat16 on a GPU that supports it, else float32.
+
+    float16 is refused on the CPU (no training kernels worth having and no loss scaling there), and
+    bfloat16 on a GPU without it; logprobs and the loss are float32 whatever the weights are.
+    """
+    if name not in DTYPES:
+        raise PlacementError(f"train.dtype={name!r} is not one of {', '.join(DTYPES)}; use auto or float32")
+    kind = torch.device(device).type
+    if name == "auto":
+        return torch.bfloat16 if kind in ("cuda", "mps") and _supports_bfloat16(device) else torch.float32
+    if name == "float16" and kind == "cpu":
+        raise PlacementError("train.dtype=float16 cannot train on the cpu (no half-precision kernels or loss "
+                             "scaling there); use float32 or bfloat16, or train.device=cuda")
+    if name == "bfloat16" and not _supports_bfloat16(device):
+        raise PlacementError(f"train.dtype=bfloat16 but this {kind} device has no bfloat16 support; "
+                             "use float16 or float32")
+    return DTYPE_NAMES[name]
+
+
+def placement(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
+    """(device, dtype) from the `train.device` and `train.dtype` settings, checked (PlacementError)."""
+    resolved = resolve_device(device)
+    return resolved, resolve_dtype(dtype, resolved)
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPE_NAMES:
+        raise PlacementError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; use float32")
+    return DTYPE_NAMES[dtype]
+
+
+def load_policy(path: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "float32"):
+    """Load any local Hugging Face causal LM directory: returns (model in eval mode on `device` in
+    `dtype`, tokenizer with a pad token and left padding). `device` and `dtype` are resolved names
+    (see `placement`); the defaults keep the CPU float32 model every test and the demo use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
+                                "pass a directory written by save_pretrained")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype)).to(device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model.eval(), tokenizer
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` are one device (torch.device compares them unequal)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def model_device(model) -> torch.device:
+    """The device of a model's weights (the CPU for a model without parameters)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def place_actors(actors: dict, device: str, dtype: str | torch.dtype) -> None:
+    """Move every model-backed actor's model to `device` in `dtype`, in place.
+
+    A moved actor's sampling generator is remade on the new device from the same seed (nothing has been
+    drawn from it yet when a run places its actors); a model already there is left untouched, so on the
+    CPU in float32 this changes nothing.
+    """
+    dtype = _as_dtype(dtype)
+    for actor in actors.values():
+        model = getattr(actor, "model", None)
+        if model is None:
+            continue
+        if not _same_device(model_device(model), torch.device(device)) or next(model.parameters()).dtype != dtype:
+            model.to(device=device, dtype=dtype)
+        generator = getattr(actor, "generator", None)
+        if generator is not None and not _same_device(generator.device, model_device(model)):
+            actor.generator = torch.Generator(device=model_device(model)).manual_seed(generator.initial_seed())
