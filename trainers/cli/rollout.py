@@ -1,10 +1,18 @@
-"""`marl rollout FILE`: play episodes of a scenario with a fixed policy, print transcripts (needs no torch)."""
+"""`marl rollout FILE`: play episodes of a scenario with a fixed policy, print transcripts.
+
+`--policy` is a scripted policy (expert, null, random, module:function; needs no torch) or a model
+directory (a Hugging Face causal LM, e.g. a checkpoint's `model/`), which plays every agent greedily
+with the prompts it was trained on (trainers/policy/prompts.py). A directory that does not load is
+one line and exit 2 before anything plays.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import statistics
+
+from pathlib import Path
 
 from trainers.cli.common import add_play_arguments, setup_play, usage_errors
 
@@ -14,6 +22,10 @@ def add_parser(commands) -> None:
     rollout = commands.add_parser("rollout", help="play episodes of a scenario with a fixed policy")
     rollout.add_argument("file", metavar="FILE", help="scenario file or built-in name (relay, weather, ...)")
     add_play_arguments(rollout, episodes=3)
+    for action in rollout._actions:  # rollout also takes a model directory (the shared help says scripted only)
+        if action.dest == "policy":
+            action.help = ("expert, null, random, module:function, or a model directory (a Hugging Face causal LM, "
+                           "e.g. a checkpoint's model/; it plays every agent at temperature 0)")
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
     rollout.set_defaults(handler=run)
@@ -24,7 +36,12 @@ def run(args) -> int:
     from marl.policies import rollout
 
     with usage_errors(ValueError, FileNotFoundError):  # a bad policy, file or --episodes: one line
-        scenario, policy, env, tasks = setup_play(args.file, args.set, args.policy, args.seed, args.episodes)
+        if is_model_directory(args.policy):
+            # the scenario, env and tasks as for any policy ('null' always exists), then the model in its place
+            scenario, _, env, tasks = setup_play(args.file, args.set, "null", args.seed, args.episodes)
+            policy = ModelPolicy.load(args.policy, scenario)
+        else:
+            scenario, policy, env, tasks = setup_play(args.file, args.set, args.policy, args.seed, args.episodes)
         means = []
         for index, task in enumerate(tasks):
             result = rollout(env, policy, task=task, seed=args.seed + index)
@@ -39,6 +56,45 @@ def run(args) -> int:
                "mean_reward": statistics.fmean(valid) if valid else None, "masked": len(means) - len(valid)}
     print(json.dumps(summary))
     return 0
+
+
+def is_model_directory(policy: str) -> bool:
+    """Whether --policy names a model directory: an existing folder, or a path (not 'module:function')."""
+    return ":" not in policy and (Path(policy).is_dir() or "/" in policy or policy.startswith("."))
+
+
+class ModelPolicy:
+    """A model directory as a `policy(agent, observation, task) -> text`: its actor answers each turn
+    greedily within the agent's max_tokens, its prompts rendered in the agent's style."""
+
+    def __init__(self, actor, max_tokens: dict[str, int]):
+        self.actor, self.max_tokens = actor, max_tokens
+
+    @classmethod
+    def load(cls, directory: str, scenario) -> "ModelPolicy":
+        """Check the directory (ValueError, one line), then load it as every agent's actor."""
+        import torch
+
+        from judges.model.chat import check_model_dir
+        from trainers.cli.common import quiet_libraries
+        from trainers.policy.actors import ModelActor
+        from trainers.policy.prompts import agent_styles
+        from trainers.policy.tinylm import load_policy
+
+        quiet_libraries()
+        problem = check_model_dir(directory)
+        if problem is not None:
+            raise ValueError(f"--policy {problem}")
+        torch.set_num_threads(scenario.spec.train.threads)
+        model, tokenizer = load_policy(directory)
+        actor = ModelActor(Path(directory).name, model, tokenizer, trainable=False, styles=agent_styles(scenario.spec))
+        return cls(actor, {agent.name: agent.max_tokens for agent in scenario.spec.agents})
+
+    def __call__(self, agent: str, observation: str, task) -> str:
+        """The model's message for one turn."""
+        [text] = self.actor.act([(agent, observation, task)], max_new_tokens=self.max_tokens.get(agent, 16),
+                                greedy=True).texts
+        return text
 
 
 def _format_breakdown(name: str, breakdown) -> list[str]:

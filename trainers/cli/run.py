@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+
 from marl.options import TRACKERS
 from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
+
+MODEL_HELP = """\
+the model: train.model is 'tiny' (the embedded default) or a local Hugging Face model directory
+(--set train.model=DIR); a relative DIR is read from the working directory, not the scenario's
+folder. Each turn is rendered with the model's chat template when it has one (the agent's role as
+the system message, its observation as the user message); chat_template: none (scenario or agent)
+gives the plain observation."""
 
 
 def add_parser(commands) -> None:
     """Register `marl run SCENARIO`."""
-    run_parser = commands.add_parser("run", help="train a team of agents on a scenario (stages, credit, report)")
+    run_parser = commands.add_parser(
+        "run", help="train a team of agents on a scenario (stages, credit, report)",
+        epilog=MODEL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_arguments(run_parser)
     run_parser.add_argument("--out", help="run directory (default runs/<scenario name>-<date>-<time>)")
     run_parser.add_argument("--resume", action="store_true",
