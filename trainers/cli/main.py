@@ -7,6 +7,7 @@
     marl serve MODEL_DIR [--port N]
     marl run SCENARIO [--out DIR] [--resume] [--set train.steps=50 ...]
     marl eval SCENARIO [--checkpoint DIR] [--out DIR]
+    marl export PATH --out DIR [--merge]   a checkpoint's models; --merge: LoRA adapters merged into their base
     marl estimate SCENARIO [--probe-steps N]
     marl judges report|calibrate --base-url URL --model NAME --items FILE.jsonl --out FILE
 
@@ -20,11 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainers.cli import credit, demo, estimate, judges, rollout, run, serve, validate
+from trainers.cli import credit, demo, estimate, export, judges, rollout, run, serve, validate
 from trainers.cli import eval as evaluate  # imported under another name: `eval` is a builtin
 from trainers.cli.common import UsageError, print_problems
 
-COMMANDS = (demo, validate, rollout, credit, serve, run, evaluate, estimate, judges)  # the order `marl --help` lists
+COMMANDS = (demo, validate, rollout, credit, serve, run, evaluate, export, estimate, judges)  # the order `marl --help` lists
 
 
 def build_parser() -> argparse.ArgumentParser:

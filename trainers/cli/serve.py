@@ -1,6 +1,16 @@
-"""`marl serve MODEL_DIR`: a local model on an OpenAI-compatible endpoint (the server is trainers/policy/serve.py)."""
+"""`marl serve MODEL_DIR`: a local model on an OpenAI-compatible endpoint (the server is trainers/policy/serve.py).
+
+    marl serve runs/relay/checkpoints/step-000200/model      a full model, or a LoRA adapter directory
+
+A LoRA adapter directory (adapter_config.json, as a `train.lora` run's checkpoint holds) is served
+merged into its base (the base it names, or --base DIR): the merge is written to a temporary
+directory, served, and removed on exit. `marl export --merge` writes it to keep.
+"""
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 from trainers.cli.common import UsageError, quiet_libraries
 
@@ -8,22 +18,42 @@ from trainers.cli.common import UsageError, quiet_libraries
 def add_parser(commands) -> None:
     """Register `marl serve MODEL_DIR`."""
     serve = commands.add_parser("serve", help="serve a local model on an OpenAI-compatible endpoint")
-    serve.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face causal-LM directory")
+    serve.add_argument("model_dir", metavar="MODEL_DIR",
+                       help="a Hugging Face causal-LM directory, or a LoRA adapter directory (served merged "
+                            "into its base)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
+    serve.add_argument("--base", metavar="DIR", help="an adapter's base model directory (default: the one the "
+                                                     "adapter names)")
     serve.set_defaults(handler=run)
 
 
 def run(args) -> int:
     """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
-    from trainers.policy.serve import ModelLoadError, serve
+    from trainers.policy.serve import ModelLoadError, check_port, serve
 
     try:
-        serve(args.model_dir, args.host, args.port, args.name)
+        check_port(args.port)  # before a merge, which reads the whole model
+        with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:
+            model_dir = servable_dir(args.model_dir, args.base, Path(scratch))
+            serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name)
     except (ValueError, ModelLoadError, FileNotFoundError) as error:  # checked before anything is served
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     return 0
+
+
+def servable_dir(model_dir: str, base: str | None, scratch: Path) -> str:
+    """`model_dir` itself, or (a LoRA adapter) its merge into its base written under `scratch`."""
+    from trainers.policy.adapters import export_merged, is_adapter_dir
+
+    if not is_adapter_dir(model_dir):
+        if base is not None:
+            raise UsageError(f"--base {base}: only for a LoRA adapter directory, and {model_dir} is a full model "
+                             "(no adapter_config.json)")
+        return model_dir
+    print(f"{model_dir} is a LoRA adapter: serving it merged into its base", flush=True)
+    return str(export_merged(model_dir, scratch / "merged", base))

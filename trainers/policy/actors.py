@@ -141,7 +141,7 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
                 if base_model_dir is None:
                     raise ValueError("this scenario has model-played agents but no base model was given")
                 base["model"], base["tokenizer"] = load_policy(base_model_dir)
-            model = _base_policy(key, agent, base, base_model_dir, scenario.spec.train.lora, adapters or {})
+            model = _base_policy(key, agent, base, base_model_dir, scenario.spec.train.lora, adapters or {}, seed)
             actors[key] = ModelActor(key, model, base["tokenizer"], trainable=agent.trainable, seed=seed + index,
                                      **options)
         elif agent.policy.startswith("openai:"):
@@ -160,7 +160,7 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
     return actors, seats
 
 
-def _base_policy(key: str, agent, base: dict, base_model_dir: Path, lora, adapters: dict[str, Path]):
+def _base_policy(key: str, agent, base: dict, base_model_dir: Path, lora, adapters: dict[str, Path], seed: int):
     """The model of a base-played actor: the base itself ('shared'), a deep copy ('own'), or, with LoRA,
     the actor's adapter on the one frozen base (a saved one from `adapters`, else a fresh one)."""
     if lora is None and not adapters:
@@ -168,7 +168,7 @@ def _base_policy(key: str, agent, base: dict, base_model_dir: Path, lora, adapte
     from trainers.policy.adapters import AdapterBase
 
     if "adapters" not in base:
-        base["adapters"] = AdapterBase(base["model"], base_model_dir, base["tokenizer"])
+        base["adapters"] = AdapterBase(base["model"], base_model_dir, base["tokenizer"], seed=seed)
     if key in adapters:
         return base["adapters"].load(key, adapters[key])
     if lora is None:  # a LoRA checkpoint without this actor: a fresh adapter plays the base exactly (B = 0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import zlib
 from pathlib import Path
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -71,8 +72,8 @@ def lora_config(spec):
 class AdapterBase:
     """One `PeftModel` over one frozen base model; adapters are added or loaded by name."""
 
-    def __init__(self, base_model, base_dir: str | Path, tokenizer=None):
-        self.base_dir, self.tokenizer = Path(base_dir).resolve(), tokenizer
+    def __init__(self, base_model, base_dir: str | Path, tokenizer=None, *, seed: int = 0):
+        self.base_dir, self.tokenizer, self.seed = Path(base_dir).resolve(), tokenizer, seed
         self.fingerprint = base_fingerprint(self.base_dir)
         for parameter in base_model.parameters():  # frozen: only adapters ever train
             parameter.requires_grad_(False)
@@ -82,12 +83,16 @@ class AdapterBase:
         """A fresh adapter `name` (LoRA's B = 0: it starts as the base) from a LoraSpec or LoraConfig."""
         from peft import LoraConfig, get_peft_model
 
+        import torch
+
         config = spec_or_config if isinstance(spec_or_config, LoraConfig) else lora_config(spec_or_config)
         config.base_model_name_or_path = str(self.base_dir)
-        if self.peft is None:
-            self.peft = get_peft_model(self.base_model, config, adapter_name=name)
-        else:
-            self.peft.add_adapter(name, config)
+        with torch.random.fork_rng(devices=[]):  # A's random init: the same for a seed and name in every process
+            torch.manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+            if self.peft is None:
+                self.peft = get_peft_model(self.base_model, config, adapter_name=name)
+            else:
+                self.peft.add_adapter(name, config)
         self.active = None  # peft may have changed the active adapter
         return AdapterPolicy(self, name, trainable)
 
