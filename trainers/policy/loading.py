@@ -125,6 +125,14 @@ def model_device(model) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the model computes in: its input embedding's (a LoRA adapter's own weights may be float32
+    on a bfloat16 base), else its first parameter's."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    return weight.dtype if weight is not None else next(model.parameters()).dtype
+
+
 def place_actors(actors: dict, device: str, dtype: str | torch.dtype) -> None:
     """Move every model-backed actor's model to `device` in `dtype`, in place.
 
@@ -137,8 +145,10 @@ def place_actors(actors: dict, device: str, dtype: str | torch.dtype) -> None:
         model = getattr(actor, "model", None)
         if model is None:
             continue
-        if not _same_device(model_device(model), torch.device(device)) or next(model.parameters()).dtype != dtype:
-            model.to(device=device, dtype=dtype)
+        if compute_dtype(model) != dtype:
+            model.to(dtype=dtype)
+        if not _same_device(model_device(model), torch.device(device)):
+            model.to(device=device)
         generator = getattr(actor, "generator", None)
         if generator is not None and not _same_device(generator.device, model_device(model)):
             actor.generator = torch.Generator(device=model_device(model)).manual_seed(generator.initial_seed())

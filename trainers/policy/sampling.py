@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.policy.loading import model_device
+from trainers.policy.loading import compute_dtype, model_device
 
 @dataclass
 class Completions:
@@ -297,7 +297,7 @@ def completion_logprobs(model, completions: Completions, temperature: float = 1.
     def padded(column, fill):
         return torch.tensor([values + [fill] * (width - len(values)) for values in column], device=device)
 
-    dtype = next(model.parameters()).dtype
+    dtype = compute_dtype(model)
     mask = _pack_mask(padded(pack.blocks, -1), padded(pack.rows, -1), dtype)
     row, step, sequence, index = (torch.tensor(column, device=device) for column in zip(*pack.targets))
     # the G rows of a prompt are all predicted from its last token: one head row serves them all
