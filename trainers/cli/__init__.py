@@ -2,7 +2,7 @@
 
     main.py      builds the parser from the command modules and dispatches; `python -m trainers.cli` too
     common.py    what the commands share: UsageError, quiet_libraries, --set on a dataclass, common arguments
-    demo.py, validate.py, rollout.py, credit.py, serve.py, run.py, eval.py, estimate.py, judges.py
+    demo.py, validate.py, rollout.py, credit.py, serve.py, run.py, eval.py, export.py, estimate.py, judges.py
                  one command each, every one with `add_parser(commands)` and `run(args)`
 
 May import anything below it (jobs, rooms, marl, judges); nothing imports the CLI.

@@ -1,7 +1,8 @@
 """`marl rollout FILE`: play episodes of a scenario with a fixed policy, print transcripts.
 
 `--policy` is a scripted policy (expert, null, random, module:function; needs no torch) or a model
-directory (a Hugging Face causal LM, e.g. a checkpoint's `model/`), which plays every agent greedily
+directory (a Hugging Face causal LM, or a LoRA adapter on the base it names; e.g. a checkpoint's
+`model/`), which plays every agent greedily
 with the prompts it was trained on (trainers/policy/prompts.py). A directory that does not load is
 one line and exit 2 before anything plays.
 """
@@ -81,12 +82,18 @@ class ModelPolicy:
         from trainers.policy.prompts import agent_styles
         from trainers.policy.tinylm import load_policy
 
+        from trainers.policy.adapters import is_adapter_dir, load_adapter_dir
+
         quiet_libraries()
-        problem = check_model_dir(directory)
-        if problem is not None:
-            raise ValueError(f"--policy {problem}")
-        torch.set_num_threads(scenario.spec.train.threads)
-        model, tokenizer = load_policy(directory)
+        if is_adapter_dir(directory):  # a LoRA run's checkpoint: the adapter on the base it names
+            torch.set_num_threads(scenario.spec.train.threads)
+            model, tokenizer = load_adapter_dir(directory)
+        else:
+            problem = check_model_dir(directory)
+            if problem is not None:
+                raise ValueError(f"--policy {problem}")
+            torch.set_num_threads(scenario.spec.train.threads)
+            model, tokenizer = load_policy(directory)
         actor = ModelActor(Path(directory).name, model, tokenizer, trainable=False, styles=agent_styles(scenario.spec))
         return cls(actor, {agent.name: agent.max_tokens for agent in scenario.spec.agents})
 

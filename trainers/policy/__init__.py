@@ -3,6 +3,7 @@
     tinylm.py    the embedded default model, built and cached on this machine
     sampling.py  batched sampling with a shared-prefix KV cache, and the logprobs GRPO trains on
     actors.py    who speaks for each agent: language-model, scripted and endpoint actors
+    adapters.py  LoRA via peft: one frozen base, an adapter per trained policy; saved adapters, merging
     serve.py     a local model behind an OpenAI-compatible HTTP API (`marl serve`)
 
 May import: marl, judges.model (the local backend), trainers.runs.

@@ -151,6 +151,16 @@ def test_export_merge_writes_a_standalone_model_equal_to_the_adapter(bases, tmp_
     assert "not on" in capsys.readouterr().err
 
 
+def test_marl_rollout_plays_an_adapter_directory(bases, tmp_path, capsys):
+    from trainers.cli.main import main
+
+    checkpoint = save_checkpoint(_trainer(bases[0]), tmp_path / "run")
+    overrides = [item for option in RELAY for item in ("--set", option)]
+    assert main(["rollout", "relay", "--policy", str(checkpoint / "model-left"), "--episodes", "1", "--quiet",
+                 *overrides]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
+
+
 def test_serving_an_adapter_serves_it_merged(bases, tmp_path):
     from trainers.cli.serve import servable_dir
 
