@@ -305,7 +305,9 @@ def completion_logprobs(model, completions: Completions, temperature: float = 1.
     with _head_only_at(model, positions // width, positions % width) as gathered:
         out = model(input_ids=padded(pack.ids, 0), attention_mask=mask, position_ids=padded(pack.positions, 0),
                     use_cache=False)
-    logits = gathered(out.logits)[inverse].float() / temperature
+    logits = gathered(out.logits)[inverse].float()
+    if temperature != 1.0:  # x / 1 == x exactly: skip one (tokens x vocabulary) copy
+        logits = logits / temperature
     token = completions.completion_ids[row, step]
     picked = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     result = torch.zeros(completions.completion_ids.shape, dtype=picked.dtype, device=device)

@@ -175,3 +175,24 @@ def test_the_lm_head_runs_only_at_completion_positions(real_models, architecture
     assert shape[:2] == (1, int(lengths.sum()) - (G - 1) * len(PROMPTS))
     plain = full_sequence_logprobs(model, completions) * completions.completion_mask
     torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_adapter_micro_batches_and_checkpoints_to_the_same_gradient(real_model_dirs):
+    """With LoRA (one peft base, the reference = adapters disabled) the two memory knobs change nothing either."""
+    from marl.scenario.spec import LoraSpec
+    from trainers.policy.adapters import AdapterBase
+
+    results = []
+    for knobs in ({}, {"gradient_checkpointing": True, "max_tokens_per_microbatch": 16}):
+        model, tokenizer = load_policy(real_model_dirs["qwen2"])
+        adapter = AdapterBase(model, real_model_dirs["qwen2"], tokenizer).add("alice", LoraSpec(r=4, alpha=8.0))
+        for name, parameter in adapter.named_parameters():  # B starts at 0: give A a gradient too
+            if "lora_B" in name:
+                torch.nn.init.normal_(parameter, std=0.1, generator=torch.Generator().manual_seed(1))
+        completions, advantages = _batch(adapter, tokenizer)
+        update = PolicyLearner(adapter, GRPOConfig(lr=1e-30, max_grad_norm=1e9, spike_factor=0.0, beta=0.04,
+                                                   max_new_tokens=6, **knobs)).update(completions, advantages)
+        results.append((update["loss"], {name: p.grad.clone() for name, p in adapter.named_parameters()}))
+    (loss, expected), (other, actual) = results
+    assert other == pytest.approx(loss, abs=1e-6)
+    _assert_close(expected, actual)
