@@ -1,6 +1,8 @@
 """Models and how they speak: loading, sampling, actors, serving.
 
     tinylm.py    the embedded default model, built and cached on this machine
+    loading.py   load_policy on a device and dtype (train.device, train.dtype), and placing actors there
+    prompts.py   an agent's turn as a prompt: the chat template (role = system, observation = user) or plain text
     sampling.py  batched sampling with a shared-prefix KV cache, and the logprobs GRPO trains on
     actors.py    who speaks for each agent: language-model, scripted and endpoint actors
     adapters.py  LoRA via peft: one frozen base, an adapter per trained policy; saved adapters, merging

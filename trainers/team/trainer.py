@@ -334,7 +334,8 @@ class MultiAgentTrainer:
 
         self.actors[OPPONENT] = ModelActor(OPPONENT, opponent_model(shared.model, OPPONENT, frozen_copy),
                                            shared.tokenizer, trainable=False,
-                                           temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99)
+                                           temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99,
+                                           styles=shared.styles)  # the agents' roles and prompt style
         pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
                             seed=self.config.seed)
         pool.add_snapshot(0, _snapshot(shared.model))
