@@ -21,6 +21,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
     """
     from trainers.policy.actors import build_actors
+    from trainers.policy.loading import placement
     from trainers.policy.tinylm import load_policy
     from trainers.run import base_model_dir
     from trainers.runs.checkpoint import CheckpointError
@@ -40,13 +41,15 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     elif on_base:  # every base-model actor is in the checkpoint: build from one of its models, not the base
         base = trained.get("shared", trained[min(on_base)])
     train = scenario.spec.train
+    device, dtype = placement(train.device, train.dtype)  # the scenario's train.device and train.dtype
     actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
-                                 adapters={key: d for key, d in adapters.items() if key in on_base})
+                                 adapters={key: d for key, d in adapters.items() if key in on_base},
+                                 device=device, dtype=dtype)
     for key, directory in trained.items():
         if key in adapters:
             continue  # loaded on the base by build_actors
         if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
-            actors[key].model, actors[key].tokenizer = load_policy(directory)
+            actors[key].model, actors[key].tokenizer = load_policy(directory, device=device, dtype=dtype)
     return actors, seats
 
 

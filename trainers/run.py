@@ -54,8 +54,9 @@ def prepare(options: RunOptions, log=print):
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
     base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
-    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed)
-    place_actors(actors, device, dtype)  # models (and their generators) onto train.device in train.dtype
+    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
+                                 device=device, dtype=dtype)  # loaded straight onto train.device in train.dtype
+    place_actors(actors, device, dtype)  # and anything not loaded there (a no-op on the CPU in float32)
     config = grpo_config(scenario)
     selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
     trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)

@@ -116,14 +116,17 @@ def actor_key(agent_spec) -> str:
 
 
 def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, log=print, adapters: dict[str, Path] | None = None) -> tuple[dict, dict[str, str]]:
+                 seed: int = 0, log=print, adapters: dict[str, Path] | None = None, device: str = "cpu",
+                 dtype: str = "float32") -> tuple[dict, dict[str, str]]:
     """The actors of a scenario and which actor plays each agent (see the module docstring).
 
     The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. With
     `train.lora` set, or `adapters` given (actor key -> a saved adapter directory, as `marl eval`
     loads a LoRA checkpoint), 'shared' and each 'own' agent get a LoRA adapter of their own on the ONE
     frozen base instead (trainers/policy/adapters.py). An agent whose `trainable` is false freezes
-    its actor (a frozen shared actor freezes every shared agent).
+    its actor (a frozen shared actor freezes every shared agent). Models are loaded straight onto
+    `device` in `dtype` (resolved names, see trainers.policy.loading.placement), so LoRA adapters made
+    on a low-precision base keep peft's float32 weights.
     """
     from trainers.policy.prompts import agent_styles
     from trainers.policy.tinylm import load_policy
@@ -140,7 +143,7 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
             if not base:
                 if base_model_dir is None:
                     raise ValueError("this scenario has model-played agents but no base model was given")
-                base["model"], base["tokenizer"] = load_policy(base_model_dir)
+                base["model"], base["tokenizer"] = load_policy(base_model_dir, device=device, dtype=dtype)
             model = _base_policy(key, agent, base, base_model_dir, scenario.spec.train.lora, adapters or {}, seed)
             actors[key] = ModelActor(key, model, base["tokenizer"], trainable=agent.trainable, seed=seed + index,
                                      **options)
@@ -152,7 +155,7 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
 
             actors[key] = ScriptedActor(key, get_policy(agent.policy, scenario, seed=seed + index))
         else:
-            model, tokenizer = load_policy(_model_directory(scenario, agent))
+            model, tokenizer = load_policy(_model_directory(scenario, agent), device=device, dtype=dtype)
             actors[key] = ModelActor(key, model, tokenizer, trainable=agent.trainable, seed=seed + index, **options)
     for actor in actors.values():  # an adapter trains (requires_grad) only when its actor does
         if hasattr(getattr(actor, "model", None), "owner"):

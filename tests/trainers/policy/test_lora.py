@@ -162,3 +162,14 @@ def test_selfplay_opponent_is_a_frozen_adapter_and_snapshots_hold_adapter_weight
     _, snapshot = trainer.pool.sample()
     assert snapshot and all("lora_" in key for key in snapshot)  # adapter weights only, no base copy
     assert set(snapshot) == set(shared.state_dict())
+
+
+def test_adapters_on_a_bfloat16_base_keep_float32_weights(real_model_dirs):
+    """build_actors loads the base straight in train.dtype, so peft makes its adapters in float32 on it
+    (casting a wrapped model afterwards would turn the adapters to bfloat16 too)."""
+    scenario = load_scenario("relay", RELAY + OWN + ["train.lora.r=4", "train.dtype=bfloat16"])
+    actors, _ = build_actors(scenario, real_model_dirs["qwen2"], seed=0, device="cpu", dtype="bfloat16")
+    model = actors["left"].model
+    base_dtypes = {p.dtype for name, p in model.owner.peft.named_parameters() if "lora_" not in name}
+    adapter_dtypes = {p.dtype for p in model.parameters()}
+    assert base_dtypes == {torch.bfloat16} and adapter_dtypes == {torch.float32}
