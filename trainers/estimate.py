@@ -149,9 +149,10 @@ def _timing(probe: Probe) -> dict:
 def _not_measured(train) -> list[str]:
     """Parts of a run the estimate leaves out or only approximates, in words."""
     notes = []
-    if "warmup" in train.stages and train.warmup.sft_max_steps > 0:
+    warmup = train.warmup.resolved(pretrained=train.model != "tiny", lora=train.lora is not None)
+    if "warmup" in train.stages and warmup.sft_max_steps > 0:
         notes.append(f"warm-up SFT before the first RL step (runs only while format compliance is below "
-                     f"{train.warmup.format_target}; at most {train.warmup.sft_max_steps} SFT steps)")
+                     f"{warmup.format_target}; at most {warmup.sft_max_steps} SFT steps per learner)")
     others = [stage for stage in train.stages if stage in ("reflection", "safety")]
     if others:
         notes.append(f"{' and '.join(others)} steps are projected at the main stage's seconds per step")

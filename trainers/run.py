@@ -123,7 +123,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
                        "characters cannot be warmed up; add `expert: module:function` or set train.model to a "
                        "Hugging Face model directory")
 
-    spec, warmup = scenario.spec, scenario.spec.train.warmup
+    spec, warmup = scenario.spec, scenario.spec.train.warmup.resolved()  # the tiny model's SFT settings
     positions = spec.observation_max_chars + max(a.max_tokens for a in spec.agents) + 2
     if positions > TINY_MAX_POSITIONS:
         raise RunError(f"train.model 'tiny' is a character-level model of a few million parameters; scenario "

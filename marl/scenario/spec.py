@@ -236,17 +236,33 @@ class SelfPlaySpec(Strict):
     ratings: Literal["elo", "trueskill"] = "elo"
 
 
+WARMUP_DEFAULTS = {"tiny": (1e-3, 300), "pretrained": (1e-5, 50), "pretrained_lora": (1e-4, 50)}
+"""(sft_lr, sft_max_steps) a learner's warm-up SFT uses when the scenario leaves them unset: the embedded
+tiny model learns from scratch at 1e-3; pretrained weights (any train.model directory, or an agent's
+own model directory) are fine-tuned gently, LoRA adapters at a larger lr since only they move."""
+
+
 class WarmupSpec(Strict):
     """Stage 1: SFT on expert demonstrations until the format is right, then a short low-lr RL check."""
 
-    sft_max_steps: int = Field(300, ge=0, description="most SFT steps (0: no SFT)")
-    sft_lr: float = Field(1e-3, gt=0)
+    sft_max_steps: int | None = Field(None, ge=0, description="most SFT steps of each learner (0: no SFT; default: "
+                                      "300 for the tiny model, 50 for pretrained weights)")
+    sft_lr: float | None = Field(None, gt=0, description="SFT AdamW lr (default: 1e-3 for the tiny model; for "
+                                 "pretrained weights 1e-5, or 1e-4 with train.lora, which trains the adapters only)")
     sft_batch_size: int = Field(32, ge=1)
-    format_target: float = Field(0.9, ge=0, le=1, description="stop SFT once this share of sampled messages "
-                                                              "passes the format layer")
+    format_target: float = Field(0.9, ge=0, le=1, description="a learner whose agents' sampled answers pass the "
+                                 "format layer this often skips SFT; SFT stops once they do")
     rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
     rl_lr_scale: float = Field(0.1, gt=0, le=1)
     samples_shown: int = Field(4, ge=0)
+
+    def resolved(self, *, pretrained: bool = False, lora: bool = False) -> WarmupSpec:
+        """This section with sft_lr and sft_max_steps set: the scenario's values, else WARMUP_DEFAULTS for
+        the tiny model or for pretrained weights (with LoRA: adapters only)."""
+        kind = "tiny" if not pretrained else "pretrained_lora" if lora else "pretrained"
+        lr, steps = WARMUP_DEFAULTS[kind]
+        return self.model_copy(update={"sft_lr": self.sft_lr if self.sft_lr is not None else lr,
+                                       "sft_max_steps": self.sft_max_steps if self.sft_max_steps is not None else steps})
 
 
 class ReflectionSpec(Strict):

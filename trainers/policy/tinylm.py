@@ -116,9 +116,12 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
     token only (eos unless the demonstration names one). Prompts are used as given: the warm-up stage
     renders them as the model sees them when acting (trainers/policy/prompts.py).
 
-    AdamW with linear warm-up then constant lr. Every `sft_eval_every` steps `accuracy_fn(model)` is
-    called (sampled accuracy on a probe set); training stops once it reaches the recipe's target.
-    Returns a small report (steps, final loss, accuracy history, seconds).
+    AdamW over `model.parameters()` with linear warm-up then constant lr: a LoRA learner's model is an
+    AdapterPolicy (trainers/policy/adapters.py), whose parameters are its adapter's alone, so only the
+    adapter trains and the frozen base stays bit-identical. Every `sft_eval_every` steps
+    `accuracy_fn(model)` is called (sampled accuracy, or format compliance, on a probe set); training
+    stops once it reaches the recipe's target. Returns a small report (steps, final loss, accuracy
+    history, seconds).
     """
     if not demonstrations:
         raise ValueError("sft_warmup needs at least one demonstration")

@@ -63,52 +63,162 @@ def expert_turns(scenario, tasks: list[Task], limit: int = 512) -> list[tuple[st
 
 def format_compliance(player, tasks: list[Task], seed: int = 0) -> float:
     """Share of sampled episodes whose answer passes the format layer (NaN without format scorers)."""
+    return learner_compliance(player, tasks, {}, seed)[0]
+
+
+def learner_compliance(player, tasks: list[Task], agents_of: dict[str, list[str]],
+                       seed: int = 0) -> tuple[float, dict[str, float]]:
+    """(the team's, {learner: its own agents'}) format compliance, from one play of `tasks`.
+
+    A learner is scored on the answers the reward scores that its agents give (a cooperative team's
+    answer belongs to its answerer); a learner none of whose agents gives a scored answer (a helper
+    in a cooperative team) is scored on its agents' own last messages, by the same format scorers.
+    NaN where nothing is scored (no format scorers).
+    """
     from marl.rollout import EpisodeJob
 
     if not player.scenario.spec.rewards.format:
-        return math.nan
+        return math.nan, {name: math.nan for name in agents_of}
     episodes = player.play([EpisodeJob(task, seed + i) for i, task in enumerate(tasks)]).episodes
-    scores = []
-    for episode in episodes:
-        for breakdown in episode.breakdown.values():
-            layer = breakdown.layers.get("format")
-            if layer is not None:
-                scores.append(layer)
-    return statistics.fmean(scores) if scores else math.nan
+    scored = [(agent, layer) for episode in episodes for agent, layer in _scored_answers(player, episode)]
+    team = _mean([layer for _, layer in scored])
+    own = {name: _mean([layer for agent, layer in scored if agent in agents]) for name, agents in agents_of.items()}
+    for name, value in own.items():
+        if math.isnan(value):
+            own[name] = _mean([layer for episode in episodes for layer in _own_messages(player, episode,
+                                                                                        agents_of[name])])
+    return team, own
+
+
+def _scored_answers(player, episode) -> list[tuple[str, float]]:
+    """(agent whose answer it is, format layer) of each breakdown of an episode that has one."""
+    pairs = []
+    for key, breakdown in episode.breakdown.items():
+        layer = breakdown.layers.get("format")
+        if layer is not None:
+            pairs.append((player.scorer.team_answerer(episode.transcript) if key == "team" else key, layer))
+    return pairs
+
+
+def _own_messages(player, episode, agents: list[str]) -> list[float]:
+    """The format layer of each of `agents`' last messages in an episode (those who spoke)."""
+    from judges.types import Item
+
+    task = episode.task or episode.job.task
+    item = Item(prompt=task.prompt, answer=task.answer, metadata=dict(task.metadata))
+    spoke = [agent for agent in agents if any(turn["agent"] == agent for turn in episode.transcript)]
+    layers = [player.scorer.score_candidate(item, episode.transcript, episode.tool_log, agent).layers.get("format")
+              for agent in spoke]
+    return [layer for layer in layers if layer is not None]
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def is_pretrained(scenario, name: str) -> bool:
+    """Whether learner `name` starts from pretrained weights: any train.model directory, or an agent's
+    own model directory; only the embedded tiny base (train.model 'tiny') is not."""
+    from trainers.policy.actors import actor_key
+
+    on_base = any(agent.policy in ("shared", "own") for agent in scenario.spec.agents if actor_key(agent) == name)
+    return scenario.spec.train.model != "tiny" or not on_base
+
+
+def learner_settings(scenario, name: str, model, settings):
+    """`settings` (a WarmupSpec) with sft_lr and sft_max_steps resolved for learner `name`: the scenario's
+    values, else the defaults of the tiny model or of pretrained weights (LoRA when `model` is an adapter)."""
+    from trainers.policy.adapters import AdapterPolicy
+
+    return settings.resolved(pretrained=is_pretrained(scenario, name), lora=isinstance(model, AdapterPolicy))
+
+
+def sft_recipe(settings, pretrained: bool):
+    """The TinyLMRecipe of a resolved WarmupSpec. The tiny model's schedule is exactly what it always was
+    (compliance checked every 25 steps, lr ramped over min(50, steps)); pretrained weights are checked
+    every 10 steps, since their budget is short, and ramp their lr over its first tenth."""
+    from trainers.policy.tinylm import TinyLMRecipe
+
+    steps = settings.sft_max_steps
+    every, ramp = (10, max(1, steps // 10)) if pretrained else (25, min(50, steps))
+    return TinyLMRecipe(sft_lr=settings.sft_lr, sft_batch_size=settings.sft_batch_size, sft_max_steps=steps,
+                        sft_eval_every=every, sft_warmup_steps=ramp, sft_target_accuracy=settings.format_target)
 
 
 def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) -> dict:
-    """SFT every trainable model actor on expert demonstrations until format compliance reaches the target.
+    """SFT each learner (trainable model actor) on its agents' expert demonstrations until its own
+    agents' format compliance reaches the target; a learner that meets it already does not train.
 
-    Each demonstration's prompt is rendered for the learner exactly as its actor renders the turn
-    when acting (trainers/policy/prompts.py: the chat template with the agent's role, or the plain
+    A learner's lr and step budget come from `learner_settings` (the tiny model's, or gentler ones for
+    pretrained weights); with LoRA its model is an AdapterPolicy, so SFT trains its adapter alone.
+    Each demonstration's prompt is rendered for the learner exactly as its actor renders the turn when
+    acting (trainers/policy/prompts.py: the chat template with the agent's role, or the plain
     observation), and the expert's message is followed by the token the model stops at.
     """
-    from trainers.policy.prompts import DEFAULT_STYLE, demonstration
-    from trainers.policy.tinylm import TinyLMRecipe, sft_warmup
-
-    probe = tasks[:64]
-    before = format_compliance(trainer.player, probe)
-    report = {"format_before": before, "sft_steps": 0}
-    if settings.sft_max_steps == 0 or math.isnan(before) or before >= settings.format_target:
+    probe, agents_of = tasks[:64], _agents_of(trainer, scenario)
+    plans = {name: learner_settings(scenario, name, trainer.actors[name].model, settings) for name in trainer.learners}
+    before, start = learner_compliance(trainer.player, probe, agents_of)
+    report = {"format_before": before, "sft_steps": 0, "learners": {
+        name: {"format_before": start[name], "sft_steps": 0, "sft_lr": plan.sft_lr, "sft_max_steps": plan.sft_max_steps}
+        for name, plan in plans.items()}}
+    needs = [name for name, plan in plans.items()
+             if plan.sft_max_steps > 0 and not math.isnan(start[name]) and start[name] < settings.format_target]
+    # one tiny-model learner prints what it always printed; several learners or pretrained ones add a line each
+    each = len(plans) > 1 or any(is_pretrained(scenario, name) for name in plans)
+    if not needs:
         log(f"warm-up: format compliance {before:.2f} (target {settings.format_target}); no SFT needed")
+        _log_learners(report["learners"], settings.format_target, each, log)
         return report
     turns = expert_turns(scenario, tasks)
-    recipe = TinyLMRecipe(sft_lr=settings.sft_lr, sft_batch_size=settings.sft_batch_size,
-                          sft_max_steps=settings.sft_max_steps, sft_eval_every=25,
-                          sft_warmup_steps=min(50, settings.sft_max_steps),
-                          sft_target_accuracy=settings.format_target)
     log(f"warm-up: format compliance {before:.2f}; SFT on {len(turns)} expert demonstrations")
-    for name in trainer.learners:
-        actor = trainer.actors[name]
-        demonstrations = [demonstration(actor.tokenizer, observation, message, actor.styles.get(agent, DEFAULT_STYLE))
-                          for agent, observation, message in turns]
-        result = sft_warmup(actor.model, actor.tokenizer, demonstrations, recipe,
-                            lambda model: format_compliance(trainer.player, probe), log)
-        report["sft_steps"] += result["steps"]
-    report["format_after"] = format_compliance(trainer.player, probe)
+    for name in needs:
+        steps = _train_learner(trainer, name, plans[name], is_pretrained(scenario, name), turns, probe,
+                               agents_of, log)
+        report["learners"][name]["sft_steps"] = steps
+        report["sft_steps"] += steps
+    report["format_after"], end = learner_compliance(trainer.player, probe, agents_of)
+    for name in plans:
+        report["learners"][name]["format_after"] = end[name]
     log(f"warm-up: format compliance {report['format_after']:.2f} after {report['sft_steps']} SFT steps")
+    _log_learners(report["learners"], settings.format_target, each, log)
     return report
+
+
+def _agents_of(trainer, scenario) -> dict[str, list[str]]:
+    """learner -> the agents it speaks for (in the scenario's order)."""
+    from trainers.policy.actors import actor_key
+
+    return {name: [agent.name for agent in scenario.spec.agents if actor_key(agent) == name]
+            for name in trainer.learners}
+
+
+def _train_learner(trainer, name: str, plan, pretrained: bool, turns, probe, agents_of, log) -> int:
+    """SFT one learner on its agents' demonstrations (every agent's when its own have none) until its
+    agents' compliance reaches the target; returns the steps taken."""
+    from trainers.policy.prompts import DEFAULT_STYLE, demonstration
+    from trainers.policy.tinylm import sft_warmup
+
+    actor, agents = trainer.actors[name], agents_of[name]
+    own = [turn for turn in turns if turn[0] in agents] or turns
+    demonstrations = [demonstration(actor.tokenizer, observation, message, actor.styles.get(agent, DEFAULT_STYLE))
+                      for agent, observation, message in own]
+    result = sft_warmup(actor.model, actor.tokenizer, demonstrations, sft_recipe(plan, pretrained),
+                        lambda model: learner_compliance(trainer.player, probe, {name: agents})[1][name], log)
+    return result["steps"]
+
+
+def _log_learners(learners: dict, target: float, each: bool, log) -> None:
+    """One line per learner: compliance before, SFT steps (and lr), compliance after."""
+    if not each:
+        return
+    for name, row in learners.items():
+        if not row["sft_steps"]:
+            why = "meets the target" if row["format_before"] >= target else "not measured" \
+                if math.isnan(row["format_before"]) else "no SFT steps allowed"
+            log(f"  learner {name}: format compliance {row['format_before']:.2f} ({why}); no SFT")
+        else:
+            log(f"  learner {name}: format compliance {row['format_before']:.2f} -> {row['format_after']:.2f} "
+                f"after {row['sft_steps']} SFT steps (lr {row['sft_lr']:g}, at most {row['sft_max_steps']})")
 
 
 def show_samples(trainer, count: int, log=print) -> None:

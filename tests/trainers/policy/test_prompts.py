@@ -169,7 +169,8 @@ def test_sft_demonstrations_are_rendered_as_acting_renders_them_and_end_with_the
     scenario = _scenario("agents.1.chat_template=none")
     actors, _ = build_actors(scenario, real_model_dirs["qwen2"])
     seen = {}
-    monkeypatch.setattr(warmup, "format_compliance", lambda player, tasks, seed=0: 0.0)
+    monkeypatch.setattr(warmup, "learner_compliance", lambda player, tasks, agents_of, seed=0:
+                        (0.0, {name: 0.0 for name in agents_of}))
     monkeypatch.setattr(tinylm, "sft_warmup", lambda model, tokenizer, demonstrations, *a, **k:
                         seen.setdefault("demonstrations", demonstrations) and {"steps": 1})
     trainer = type("Trainer", (), {"learners": ["shared"], "actors": actors, "player": None})()
