@@ -7,8 +7,11 @@
         observations, rewards, terminations, truncations, infos = env.step(actions)
 
 Spaces: observations and actions are `Dict({"text": Text(max_length, min_length=0, charset=printable)})`.
-Everything the env emits is clipped to its space (the most recent characters of an observation are
-kept) and characters outside the charset become '?'. Actions may be given as {"text": str} or str.
+Everything the env emits is clipped to its space and characters outside the charset become '?'. An
+observation over `observation_max_chars` keeps its head (what the template puts before {history}:
+the role and the task, up to half the limit) and its most recent text, and drops the middle of the
+history, marking the cut with CUT_MARK (`keep_ends`); a message over `action_max_chars` keeps its
+first characters. Actions may be given as {"text": str} or str.
 
 Turns: every live agent submits an action at each step, as the parallel API requires, but only the
 agents whose turn it is (the graph's turn order) are heard; the others' actions are ignored.
@@ -41,7 +44,9 @@ from marl.types import Task
 
 CHARSET = string.printable
 DEFAULT_OBSERVATION = "{role}\n{prompt}\n{history}{tool_results}"
+CUT_MARK = "\n[...]\n"  # where a too-long observation's middle was dropped (printable: it survives sanitise)
 _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(CHARSET)}]")
+_HISTORY_AT = "\x00"  # stands for {history} when measuring an observation's head (outside the charset)
 
 
 def sanitise(text: str, max_chars: int, keep: str = "head") -> str:
@@ -50,6 +55,23 @@ def sanitise(text: str, max_chars: int, keep: str = "head") -> str:
     if len(text) <= max_chars:
         return text
     return text[:max_chars] if keep == "head" else text[-max_chars:]
+
+
+def keep_ends(text: str, max_chars: int, head: int) -> str:
+    """`text` within `max_chars`: its first `head` characters (at most half the limit), CUT_MARK, and
+    its most recent characters; unchanged when it fits. A text already cut keeps its one mark: the
+    head never reaches past the earlier CUT_MARK nor the tail before it (cutting again drops more of
+    the same middle), and a tail shorter than the room left gives the head that room."""
+    if len(text) <= max_chars:
+        return text
+    if max_chars <= 2 * len(CUT_MARK):  # no room for both ends and a mark: the most recent text
+        return text[len(text) - max_chars:]
+    head, earlier = max(0, min(head, max_chars // 2)), text.find(CUT_MARK)
+    if earlier >= 0:
+        after = len(text) - earlier - len(CUT_MARK)
+        head = min(earlier, max(head, max_chars - len(CUT_MARK) - after))
+    tail = max_chars - head - len(CUT_MARK)
+    return text[:head] + CUT_MARK + text[-tail:]
 
 
 def text_space(max_length: int) -> spaces.Dict:
@@ -168,8 +190,16 @@ class ScenarioEnv(ParallelEnv):
     def _observe(self, agent: str) -> dict:
         spec = self._agent_spec[agent]
         template = spec.observation if spec.observation is not None else DEFAULT_OBSERVATION
-        text = template.format_map(_TemplateFields(self, agent))
-        return {"text": sanitise(text, self.scenario.spec.observation_max_chars, keep="tail")}
+        text = _OUTSIDE_CHARSET.sub("?", template.format_map(_TemplateFields(self, agent)))
+        limit = self.scenario.spec.observation_max_chars
+        if len(text) <= limit:  # what fits is exactly as before
+            return {"text": text}
+        # the head is what comes before {history} (the role, the task): kept, so the agent still knows
+        # who it is and what it is asked; without {history}, half of each end
+        fields = _TemplateFields(self, agent)
+        fields["history"] = _HISTORY_AT
+        head = template.format_map(fields).find(_HISTORY_AT) if "{history}" in template else -1
+        return {"text": keep_ends(text, limit, head if head >= 0 else limit // 2)}
 
     def _info(self, agent: str) -> dict:
         registry = self.tools.get(agent)

@@ -47,6 +47,7 @@ def prepare(options: RunOptions, log=print):
     from marl.scenario.load import load_scenario
     from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_actors, placement
+    from trainers.policy.prompts import directory_context
     from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
@@ -54,6 +55,8 @@ def prepare(options: RunOptions, log=print):
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
     base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
+    if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
+        check_context(scenario, directory_context(base))
     actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
                                  device=device, dtype=dtype)  # loaded straight onto train.device in train.dtype
     place_actors(actors, device, dtype)  # and anything not loaded there (a no-op on the CPU in float32)
@@ -78,6 +81,23 @@ def grpo_config(scenario):
 
 def _needs_model(scenario) -> bool:
     return any(agent.policy in ("shared", "own") for agent in scenario.spec.agents)
+
+
+def check_context(scenario, context: int | None, *, tiny: bool = False) -> None:
+    """RunError (one line, exit 2) when an agent the base plays cannot fit max_prompt_tokens + max_tokens
+    in the base's `context` (trainers/policy/prompts.py:context_problem). The embedded character model
+    counts a token per character of observation_max_chars, against the positions it can learn."""
+    from trainers.policy.prompts import context_problem
+
+    if not tiny:
+        problem = context_problem(scenario.spec, context)
+    else:
+        problem = context_problem(
+            scenario.spec, context, prompt=("observation_max_chars", scenario.spec.observation_max_chars),
+            model=f"the {context} positions the embedded character-level tiny model can learn in minutes on a CPU",
+            fix="set train.model to a Hugging Face causal-LM directory")
+    if problem is not None:
+        raise RunError(problem)
 
 
 def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
@@ -125,12 +145,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 
     spec, warmup = scenario.spec, scenario.spec.train.warmup.resolved()  # the tiny model's SFT settings
     positions = spec.observation_max_chars + max(a.max_tokens for a in spec.agents) + 2
-    if positions > TINY_MAX_POSITIONS:
-        raise RunError(f"train.model 'tiny' is a character-level model of a few million parameters; scenario "
-                       f"{spec.name!r} needs {positions} positions (observation_max_chars {spec.observation_max_chars} "
-                       f"+ the longest message), more than the {TINY_MAX_POSITIONS} it can learn in minutes on a CPU. "
-                       "Set train.model to a Hugging Face causal-LM directory, or shorten observations with "
-                       "--set observation_max_chars=N (the most recent characters are kept)")
+    check_context(scenario, TINY_MAX_POSITIONS - 2, tiny=True)  # 2 spare: the stop token and one more
     recipe = TinyLMRecipe(alphabet="".join(alphabet), max_positions=positions, sft_max_steps=max(1, warmup.sft_max_steps),
                           sft_lr=warmup.sft_lr, sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)
     return build_or_load_tiny_model(recipe, demonstrations, None, cache_dir, log)

@@ -45,7 +45,8 @@ class AgentSpec(Strict):
     base_url: str | None = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL")
     api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
     tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
-    max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn")
+    max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn (16 suits "
+                            "the tiny model; raise it for a pretrained model, e.g. 256)")
     observation: str | None = Field(
         None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
                           "{task.KEY} (task metadata), {msg.AGENT} (that agent's last visible message)")
@@ -386,6 +387,10 @@ class TrainSpec(TrainKnobs):
                                                           "(default: all of tasks.eval_count)")
     max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
                                        "episodes over the last 5 steps had masked rewards (1 never stops)")
+    truncation_warn_fraction: float = Field(0.5, ge=0, le=1, description="warn (once) when more than this share "
+                                            "of a step's prompts was cut to fit, or of its completions hit max_tokens")
+    tool_silence_steps: int = Field(20, ge=1, description="warn (once) when an agent with tools wrote no tool call "
+                                    "the parser recognises for this many steps in a row")
     selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     reflection: ReflectionSpec = Field(default_factory=ReflectionSpec)

@@ -53,10 +53,11 @@ class ModelActor:
         of the model's end tokens, which the texts do not contain."""
         import torch
 
-        from trainers.policy.prompts import decode_turns, stop_token_ids, turn_prompts
+        from trainers.policy.prompts import decode_turns, fit_turn_prompts, model_context, stop_token_ids
         from trainers.policy.sampling import encode_prompts, sample_completions
 
-        prompts = turn_prompts(self.tokenizer, requests, self.styles)
+        # each prompt within its agent's token limit (max_prompt_tokens, else the context minus max_tokens)
+        prompts, cut = fit_turn_prompts(self.tokenizer, requests, self.styles, model_context(self.model))
         ids, mask = encode_prompts(self.tokenizer, prompts)
         # computed per call: `marl eval` swaps a checkpoint's model and tokenizer in after construction
         completions = sample_completions(
@@ -67,6 +68,7 @@ class ModelActor:
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
         completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
+        completions.prompt_cut = cut  # rows whose prompt was cut to fit (the team trainer's truncation guard)
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
 

@@ -16,20 +16,27 @@ it ({role}), and the character model's prompts stay exactly what they were.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from judges.model.chat import end_of_turn_id, render_chat, stop_token_ids, uses_template
+from marl.env import CUT_MARK, keep_ends
 
-__all__ = ["TurnStyle", "agent_styles", "decode_turns", "demonstration", "stop_token_ids", "turn_messages",
-           "turn_prompt", "turn_prompts"]
+__all__ = ["TurnStyle", "agent_styles", "context_problem", "decode_turns", "demonstration", "directory_context",
+           "fit_turn_prompts", "heard_tokens", "model_context", "prompt_limit", "stop_token_ids", "turn_messages", "turn_prompt",
+           "turn_prompts"]
 
 
 @dataclass(frozen=True)
 class TurnStyle:
-    """How one agent's turns are rendered: its role (the system message) and the chat-template mode."""
+    """How one agent's turns are rendered: its role (the system message) and the chat-template mode,
+    and the lengths its prompts are fitted to (not part of how a turn looks, so not compared)."""
 
     role: str = ""
     mode: str = "auto"
+    max_tokens: int | None = field(default=None, compare=False)  # the agent's answer budget
+    max_prompt_tokens: int | None = field(default=None, compare=False)  # None: the context minus max_tokens
 
 
 DEFAULT_STYLE = TurnStyle()  # an agent a table does not know: no role, the template when there is one
@@ -37,7 +44,8 @@ DEFAULT_STYLE = TurnStyle()  # an agent a table does not know: no role, the temp
 
 def agent_styles(spec) -> dict[str, TurnStyle]:
     """agent name -> TurnStyle of a ScenarioSpec (an agent's chat_template, else the scenario's)."""
-    return {agent.name: TurnStyle(agent.role, agent.chat_template or spec.chat_template) for agent in spec.agents}
+    return {agent.name: TurnStyle(agent.role, agent.chat_template or spec.chat_template, agent.max_tokens,
+                                  spec.max_prompt_tokens) for agent in spec.agents}
 
 
 def turn_messages(observation: str, style: TurnStyle = DEFAULT_STYLE) -> list[dict]:
@@ -56,8 +64,98 @@ def turn_prompt(tokenizer, observation: str, style: TurnStyle = DEFAULT_STYLE) -
 
 def turn_prompts(tokenizer, requests, styles: dict[str, TurnStyle] | None = None) -> list[str]:
     """The prompts of actor requests `(agent, observation, task)`, each in its agent's style."""
+    return fit_turn_prompts(tokenizer, requests, styles)[0]  # no context: only max_prompt_tokens fits them
+
+
+def prompt_limit(style: TurnStyle, context: int | None) -> int | None:
+    """The most prompt tokens of a turn in `style`: max_prompt_tokens, else what the model's `context`
+    leaves after the agent's max_tokens (at least 1); None when neither is known (no fitting)."""
+    if style.max_prompt_tokens is not None:
+        return style.max_prompt_tokens
+    if context is None or style.max_tokens is None:
+        return None
+    return max(1, context - style.max_tokens)
+
+
+def _token_count(tokenizer, prompt: str) -> int:
+    return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])  # as encode_prompts tokenises
+
+
+def _fit(tokenizer, observation: str, style: TurnStyle, limit: int | None) -> tuple[str, bool]:
+    """(prompt, cut): the turn's prompt, its observation's middle dropped until it has <= limit tokens.
+
+    The longest kept observation whose prompt fits is found by bisection on its length in characters
+    (a shorter keep_ends never has more tokens, up to a merge at the cut). The head kept is the
+    environment's (before its CUT_MARK) when it cut already, else half of what is kept.
+    """
+    prompt = turn_prompt(tokenizer, observation, style)
+    if limit is None or _token_count(tokenizer, prompt) <= limit:
+        return prompt, CUT_MARK in observation  # cut (or not) by the environment only
+    low, high = 0, len(observation) - 1  # characters kept: low always fits (or nothing does)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _token_count(tokenizer, turn_prompt(tokenizer, keep_ends(observation, middle, middle), style)) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return turn_prompt(tokenizer, keep_ends(observation, low, low), style), True
+
+
+def fit_turn_prompts(tokenizer, requests, styles: dict[str, TurnStyle] | None = None,
+                     context: int | None = None) -> tuple[list[str], list[bool]]:
+    """The prompts of actor requests `(agent, observation, task)`, each in its agent's style and fitted
+    to its `prompt_limit` for a model of `context` positions, and whether each was cut (by the fit or
+    already by the environment, which marks its cut with CUT_MARK)."""
     styles = styles or {}
-    return [turn_prompt(tokenizer, observation, styles.get(agent, DEFAULT_STYLE)) for agent, observation, _ in requests]
+    fitted = [_fit(tokenizer, observation, style, prompt_limit(style, context))
+              for style, observation in ((styles.get(agent, DEFAULT_STYLE), observation)
+                                         for agent, observation, _ in requests)]
+    return [prompt for prompt, _ in fitted], [cut for _, cut in fitted]
+
+
+def model_context(model) -> int | None:
+    """The positions a model (or its config) can attend to: max_position_embeddings or n_positions."""
+    config = getattr(model, "config", model)
+    for source in (config, getattr(config, "text_config", None)):
+        for key in ("max_position_embeddings", "n_positions"):
+            value = getattr(source, key, None) if not isinstance(source, dict) else source.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def directory_context(directory) -> int | None:
+    """model_context of a Hugging Face model directory's config.json (None when it names none)."""
+    try:
+        return model_context(json.loads((Path(directory) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def context_problem(spec, context: int | None, *, prompt: tuple[str, int] | None = None,
+                    model: str = "the model's context", fix: str = "use a model with a longer context") -> str | None:
+    """One line when an agent the base model plays cannot fit its prompt and answer in `context`
+    positions, else None (also when the context is unknown).
+
+    The prompt term is `max_prompt_tokens` (unset: the context minus max_tokens, so only max_tokens
+    must leave room), or `prompt` = (its name, tokens) for a model that bounds it otherwise (the
+    character model: a token per character of observation_max_chars).
+    """
+    if context is None:
+        return None
+    if prompt is None and spec.max_prompt_tokens is not None:
+        prompt = ("max_prompt_tokens", spec.max_prompt_tokens)
+    for index, agent in enumerate(spec.agents):
+        if agent.policy not in ("shared", "own"):
+            continue  # scripted, endpoint and own-directory agents do not play this model
+        name = f"agents.{index}.max_tokens"
+        if prompt is None and agent.max_tokens >= context:
+            return (f"{name}={agent.max_tokens} leaves no room for a prompt in {model} of {context} tokens; "
+                    f"lower {name}, or {fix}")
+        if prompt is not None and prompt[1] + agent.max_tokens > context:
+            return (f"{name}={agent.max_tokens} + {prompt[0]}={prompt[1]} = {prompt[1] + agent.max_tokens} tokens "
+                    f"is more than {model} of {context}; lower {prompt[0]} or {name}, or {fix}")
+    return None
 
 
 def demonstration(tokenizer, observation: str, message: str, style: TurnStyle = DEFAULT_STYLE) -> tuple[str, str, int]:
@@ -81,3 +179,17 @@ def decode_turns(tokenizer, completions) -> list[str]:
             kept = kept[:-1]
         texts.append(tokenizer.decode(kept, skip_special_tokens=True))
     return texts
+
+
+def heard_tokens(tokenizer, ids: list[int], max_chars: int) -> int:
+    """How many of a completion's leading tokens `ids` the environment hears when it keeps a message's
+    first `max_chars` characters: a token is heard when the text before it is shorter than that (a
+    token cut in two is heard). Bisection on the decoded prefix's length (it grows with the prefix)."""
+    low, high = 1, len(ids)  # the first token always starts within the message (max_chars >= 1)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(tokenizer.decode(ids[:middle - 1], skip_special_tokens=True)) < max_chars:
+            low = middle
+        else:
+            high = middle - 1
+    return min(low, len(ids))

@@ -5,6 +5,7 @@
     is_masked(episode)          a reward of the episode is NaN (a scorer failed)
     nanmean(values)             the mean of the non-NaN values
     step_metrics(...)           train/*, judge/*, credit/*, policy/*, bucket/*, selfplay/* of a step
+    TurnGuards                  length/* and tools/* of a step, with one warning line each when they go wrong
 
 The held-out evaluation (`trainers.team.evaluation`) and the stages read the same `success`.
 """
@@ -17,7 +18,7 @@ import statistics
 from marl.credit.replay import credit_shares
 from trainers.grpo.shared import bucket_metrics, nanmean
 
-__all__ = ["is_masked", "masked_credit", "nanmean", "step_metrics", "success", "won"]
+__all__ = ["TurnGuards", "is_masked", "masked_credit", "nanmean", "step_metrics", "success", "won"]
 
 
 def success(episode, mode: str) -> float:
@@ -92,3 +93,66 @@ def _policy_metrics(updates: dict) -> dict[str, float]:
     if updates:
         metrics["train/loss"] = statistics.fmean(u["loss"] for u in updates.values())
     return metrics
+
+
+class TurnGuards:
+    """What users ask to be told about their agents' turns, step by step (metrics, and one warning each).
+
+    length/prompts_truncated        share of the step's model prompts cut to fit: by the environment
+                                    (observation_max_chars) or to the token limit (max_prompt_tokens)
+    length/completions_at_limit     share of its sampled completions that hit their max_tokens
+    tools/{agent}/calls             tool calls the parser found in a tool-using agent's messages
+
+    The first step on which either share is above `warn_fraction` (train.truncation_warn_fraction)
+    prints one line; a tool-using agent with no parsed call for `silence_steps` steps in a row
+    (train.tool_silence_steps) prints one line naming it and what to check.
+    """
+
+    def __init__(self, spec, log=print):
+        self.warn_fraction, self.silence_steps = spec.train.truncation_warn_fraction, spec.train.tool_silence_steps
+        self.tools = {agent.name: agent.tools for agent in spec.agents if agent.tools}
+        self.log, self.warned, self.silent = log, set(), dict.fromkeys(self.tools, 0)
+
+    def update(self, step: int, batch) -> dict[str, float]:
+        """The metrics of the step `step` (1-based) that played `batch` (an EpisodeBatch); warns when due."""
+        cut, at_limit, model_turns = 0, 0, 0
+        for episode in batch.episodes:
+            for turn in episode.turns:
+                if turn.actor is None:
+                    continue  # not sampled by a trained model here (scripted, replayed, absent)
+                rows = batch.generations[turn.actor][turn.batch]
+                prompt_cut = getattr(rows, "prompt_cut", None)  # set by ModelActor.act (fit_turn_prompts)
+                model_turns += 1
+                cut += bool(prompt_cut is not None and prompt_cut[turn.row])
+                at_limit += bool(rows.truncated[turn.row])
+        metrics = {}
+        if model_turns:
+            metrics = {"length/prompts_truncated": cut / model_turns,
+                       "length/completions_at_limit": at_limit / model_turns}
+            self._warn_share(step, "prompts", cut, model_turns, "were cut to fit (their middle history dropped): "
+                             "raise observation_max_chars or max_prompt_tokens, or use a model with a longer context")
+            self._warn_share(step, "completions", at_limit, model_turns, "hit their agent's max_tokens before "
+                             "ending: raise agents[].max_tokens (16 suits the tiny model only)")
+        return {**metrics, **self._tool_metrics(step, batch.episodes)}
+
+    def _warn_share(self, step: int, what: str, count: int, total: int, advice: str) -> None:
+        if count / total > self.warn_fraction and what not in self.warned:
+            self.warned.add(what)
+            self.log(f"warning: step {step}: {count} of {total} {what} {advice} (more than "
+                     f"train.truncation_warn_fraction={self.warn_fraction:g}; warned once)")
+
+    def _tool_metrics(self, step: int, episodes) -> dict[str, float]:
+        """tools/{agent}/calls per tool-using agent; one warning when an agent stays silent too long."""
+        metrics = {}
+        for agent, tools in self.tools.items():
+            calls = sum(record.agent == agent for episode in episodes for record in episode.tool_log)
+            metrics[f"tools/{agent}/calls"] = float(calls)
+            self.silent[agent] = 0 if calls else self.silent[agent] + 1
+            if self.silent[agent] >= self.silence_steps and ("tools", agent) not in self.warned:
+                self.warned.add(("tools", agent))
+                self.log(f"warning: step {step}: agent {agent!r} has tools ({', '.join(tools)}) but wrote no tool "
+                         f"call the parser recognises in {self.silent[agent]} steps in a row; check that its "
+                         "observation shows the tools and the call format ({tools} in agents[].observation, e.g. "
+                         f"{tools[0]}(arg=\"value\")), that max_tokens and action_max_chars leave room for a call, "
+                         "and what it writes (marl rollout); train.tool_silence_steps sets the wait")
+        return metrics

@@ -47,7 +47,7 @@ from marl.types import Task
 from trainers.grpo.objective import group_advantages, masked_mean
 from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
                                   repetition_guards, seed_everything)
-from trainers.team.metrics import is_masked, masked_credit, step_metrics, success
+from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
 
 OPPONENT = "opponent"
 MASKED_WINDOW = 5  # steps over which the masked share is judged
@@ -149,6 +149,7 @@ class MultiAgentTrainer:
                        "episodes": 0}
         self.last_step: StepResult | None = None  # what the last step played and trained on
         self.masked_guard = MaskedRewardGuard(self.spec.train.max_masked_fraction, config.steps, log)
+        self.turn_guards = TurnGuards(self.spec, log)  # truncated prompts, completions at max_tokens, silent tools
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
@@ -178,7 +179,8 @@ class MultiAgentTrainer:
         self.last_step = StepResult(batch, rewards, advantages, credits)
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
-        return step_metrics(self, self.last_step, bucket, guards, updates, times, opponent)
+        metrics = step_metrics(self, self.last_step, bucket, guards, updates, times, opponent)
+        return {**metrics, **self.turn_guards.update(self.step_count, batch)}  # length/*, tools/*: warns when due
 
     def _check_masked(self, batch, credits) -> None:
         """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
@@ -292,8 +294,22 @@ class MultiAgentTrainer:
                     values.append(advantages[turn.agent][e])
         merged = concat_completions(batch.generations[actor])
         device = merged.completion_ids.device  # the model's: the learner trains there
-        return (select_rows(merged, torch.tensor(index, device=device)),
-                torch.tensor(values, dtype=torch.float32, device=device))
+        rows = select_rows(merged, torch.tensor(index, device=device))  # a copy: the played batch stays as sampled
+        self._mask_unheard(rows, [t for e in batch.episodes for t in e.turns if t.actor == actor], actor)
+        return rows, torch.tensor(values, dtype=torch.float32, device=device)
+
+    def _mask_unheard(self, rows, turns, actor: str) -> None:
+        """Mask 0 on completion tokens the environment never heard: past action_max_chars of a clipped
+        message (and its stop token), so the policy is not trained on text that changed nothing."""
+        from trainers.policy.prompts import heard_tokens
+
+        limit = self.spec.action_max_chars
+        for row, turn in enumerate(turns):
+            if len(turn.text) <= limit:
+                continue  # heard whole: the mask is the sampler's (relay's messages always are)
+            kept = rows.completion_mask[row].nonzero().flatten()
+            heard = heard_tokens(self.actors[actor].tokenizer, rows.completion_ids[row, kept].tolist(), limit)
+            rows.completion_mask[row, kept[heard:]] = 0
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -401,7 +417,8 @@ class MultiAgentTrainer:
 
 
 STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
-             ("train", "safety", "steps"), ("train", "max_masked_fraction")}  # a stopped run may resume with a new limit
+             ("train", "safety", "steps"), ("train", "max_masked_fraction"),  # a stopped run may resume with a new limit
+             ("train", "truncation_warn_fraction"), ("train", "tool_silence_steps")}  # warnings only
 
 
 def resume_fingerprint(spec) -> dict:
