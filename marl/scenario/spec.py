@@ -262,8 +262,8 @@ class WarmupSpec(Strict):
         the tiny model or for pretrained weights (with LoRA: adapters only)."""
         kind = "tiny" if not pretrained else "pretrained_lora" if lora else "pretrained"
         lr, steps = WARMUP_DEFAULTS[kind]
-        return self.model_copy(update={"sft_lr": self.sft_lr if self.sft_lr is not None else lr,
-                                       "sft_max_steps": self.sft_max_steps if self.sft_max_steps is not None else steps})
+        return self.model_copy(update={"sft_lr": lr if self.sft_lr is None else self.sft_lr,
+                                       "sft_max_steps": steps if self.sft_max_steps is None else self.sft_max_steps})
 
 
 class ReflectionSpec(Strict):
