@@ -4,5 +4,6 @@
     reflection.py  stage 3: retry low-pass-rate tasks with the failure reason
     safety.py      stage 4: an adversarial set with penalties for fabrication and unsafe tool use
 
-May import: marl, trainers.team, trainers.grpo, trainers.policy, trainers.runs.
+May import: marl, judges.types (what a scorer is given), trainers.team, trainers.grpo, trainers.policy,
+trainers.runs.
 """
