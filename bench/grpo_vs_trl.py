@@ -25,6 +25,21 @@ thread count is checked (and reset to 1) before every run.
 
 Speed-up = median TRL s/step / median ours s/step (medians over runs of the per-run medians).
 Goals: speed-up >= 3x, and our mean held-out gain >= TRL's (checked for greedy and sampled).
+
+`--setting realistic` (issue 12): a ~30M-parameter Qwen2-architecture model (random init, byte-level BPE
+tokenizer trained locally; bench/support/real_model.py, cached under $MARL_CACHE/bench), ChatML prompts
+of 100 tokens drawn from the project's own texts, 64 new tokens, G = 8, 2 prompts per step (so 16 rows;
+`--prompts-per-step`), lr 1e-5, the same DAPO / AdamW / clip settings on both sides, a text reward (the
+share of letters and spaces), no gradient checkpointing on either side. Each run is a fresh subprocess
+(A/B per round: ours, then TRL), so each has its own peak memory: on the CPU peak RSS (getrusage) and
+its rise over the RSS once the model is loaded (both workers import torch, transformers, TRL and
+datasets first); on CUDA `torch.cuda.max_memory_allocated`. Prints seconds per step (median of steps
+2..N), completion tokens per second and peak memory of both, then `ratio: X` = steps/s ours over
+steps/s TRL, with the peak memory ratio ours / TRL on the same line. Goal: >= 2x and memory <= 1.
+Defaults: 1 round of 5 steps (`--rounds`, `--steps`), `--device auto --dtype auto` (cpu float32 here),
+`--size 30m` (`0.5b` is Qwen2.5-0.5B's shape; bench/gpu_check.sh runs it). `--setting realistic --quick`
+is a small variant (the tiny size, 16 new tokens, 3 steps, under a minute); plain `--quick`, which the
+tests run, covers the addition setting only.
 """
 
 from __future__ import annotations
@@ -68,17 +83,17 @@ def ours_config(steps: int, seed: int) -> GRPOConfig:
                       floor_reward=0.0, seed=seed, threads=1)
 
 
-def trl_config(steps: int, seed: int, output_dir: str):
+def trl_config(steps: int, seed: int, output_dir: str, **overrides):
     from trl import GRPOConfig as TRLConfig
 
-    return TRLConfig(
+    return TRLConfig(**{**dict(
         output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
         report_to="none", disable_tqdm=True, log_level="error", logging_steps=1, save_strategy="no",
         per_device_train_batch_size=SHARED["prompts_per_step"] * SHARED["group_size"],
         num_generations=SHARED["group_size"], max_completion_length=SHARED["max_new_tokens"],
         temperature=SHARED["temperature"], top_k=0, top_p=1.0, beta=SHARED["beta"],
         learning_rate=SHARED["lr"], lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0,
-        max_grad_norm=1.0, loss_type="dapo", scale_rewards="group", max_steps=steps, seed=seed)
+        max_grad_norm=1.0, loss_type="dapo", scale_rewards="group", max_steps=steps, seed=seed), **overrides})
 
 
 def trl_reward(completions, answer, **_):
@@ -214,21 +229,267 @@ def print_summary(summary: dict, rounds: int, steps: int) -> None:
           f"both {yes[summary['goal_gain_greedy'] and summary['goal_gain_sampled']]}")
 
 
+# -- the realistic setting: a ~30M Qwen2 with a BPE tokenizer, one subprocess per trainer run ----------
+
+REALISTIC_GOAL = 2.0  # at least 2x TRL's steps per second, with no more peak memory
+MiB = 2 ** 20
+
+
+def bench_cache() -> Path:
+    return Path(os.environ.get("MARL_CACHE", Path.home() / ".cache" / "marl")) / "bench"
+
+
+def realistic_shared(args) -> dict:
+    return dict(prompts_per_step=args.prompts_per_step, group_size=8, max_new_tokens=args.new_tokens,
+                temperature=1.0, lr=1e-5, beta=0.0)
+
+
+def realistic_tasks(tokenizer, prompt_tokens: int, count: int = 64):
+    from bench.support.real_model import chat_prompts
+    from marl.types import Task
+
+    return [Task(id=f"p{i}", prompt=p) for i, p in enumerate(chat_prompts(tokenizer, count, prompt_tokens))]
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class MemoryMeter:
+    """Process RSS (and CUDA allocations) after the model is loaded, and their peaks when read."""
+
+    def __init__(self, device: str):
+        from bench.support.real_model import current_rss_bytes
+
+        self.cuda = torch.device(device).type == "cuda"
+        gc.collect()
+        self.base_rss = current_rss_bytes()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base_cuda = torch.cuda.memory_allocated()
+
+    def read(self) -> dict:
+        from bench.support.real_model import peak_rss_bytes
+
+        memory = {"peak_rss": peak_rss_bytes(), "base_rss": self.base_rss}
+        if self.cuda:
+            memory.update(peak_cuda=torch.cuda.max_memory_allocated(), base_cuda=self.base_cuda)
+        return memory
+
+
+def realistic_ours(args, device: str, dtype: torch.dtype) -> dict:
+    from bench.support.real_model import text_reward
+
+    model, tokenizer = load_policy(args.model_dir, device=device, dtype=dtype)
+    tasks, memory = realistic_tasks(tokenizer, args.prompt_tokens), MemoryMeter(device)
+    config = GRPOConfig(steps=args.steps, **realistic_shared(args), loss_type="dapo", scale_rewards="group",
+                        buckets=1, floor_reward=0.0, seed=args.seed, threads=args.threads)
+    trainer = GRPOTrainer(model, tokenizer, tasks, lambda task, text: text_reward(text), config)
+    rows, wall, tokens, history = args.prompts_per_step * 8, [], [], []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        history.append(trainer.step())
+        sync(device)
+        wall.append(time.perf_counter() - started)
+        tokens.append(history[-1]["train/completion_length"] * rows)
+    phases = {p: step_median([m[f"time/{p}"] for m in history]) for p in ("generate", "score", "update")}
+    return {"trainer": "ours", "step_seconds": wall, "completion_tokens": tokens, "phases": phases, **memory.read()}
+
+
+def trl_step_timer(device: str):
+    """A TrainerCallback timing on_step_begin -> on_step_end and keeping each step's mean completion length."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.begin, self.step_seconds, self.lengths = 0.0, [], []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            sync(device)
+            self.step_seconds.append(time.perf_counter() - self.begin)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(logs["completions/mean_length"])
+
+    return StepTimer()
+
+
+def realistic_trl(args, device: str, dtype: torch.dtype) -> dict:
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer as TRLTrainer
+
+    from bench.support.real_model import text_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype).to(device)
+    tasks, memory = realistic_tasks(tokenizer, args.prompt_tokens), MemoryMeter(device)
+    dataset = datasets.Dataset.from_dict({"prompt": [t.prompt for t in tasks]})
+    shared, timer = realistic_shared(args), trl_step_timer(device)
+    output_dir = tempfile.mkdtemp(prefix="grpo_vs_trl_")
+    try:
+        config = trl_config(args.steps, args.seed, output_dir, **realistic_trl_overrides(shared, device, dtype))
+        trainer = TRLTrainer(model=model, reward_funcs=lambda completions, **_: [text_reward(c) for c in completions],
+                             args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
+    rows = shared["prompts_per_step"] * shared["group_size"]
+    return {"trainer": "trl", "step_seconds": timer.step_seconds,
+            "completion_tokens": [length * rows for length in timer.lengths], **memory.read()}
+
+
+def realistic_trl_overrides(shared: dict, device: str, dtype: torch.dtype) -> dict:
+    """What the realistic setting changes in the addition setting's TRL config: batch, lengths, lr, device, dtype."""
+    return dict(per_device_train_batch_size=shared["prompts_per_step"] * shared["group_size"],
+                   num_generations=shared["group_size"], max_completion_length=shared["max_new_tokens"],
+                   learning_rate=shared["lr"], use_cpu=torch.device(device).type == "cpu",
+                   bf16=dtype == torch.bfloat16)
+
+
+def realistic_worker(args) -> int:
+    """One trainer run in this process; its result is one `RESULT {json}` line on stdout."""
+    import datasets  # noqa: F401 - both workers import the same libraries, so their baselines are alike
+    import trl  # noqa: F401
+
+    from trainers.policy.loading import placement
+
+    quiet_trl()
+    torch.set_num_threads(args.threads)
+    device, dtype = placement(args.device, args.dtype)
+    result = (realistic_ours if args.worker == "ours" else realistic_trl)(args, device, dtype)
+    print("RESULT " + json.dumps({**result, "seed": args.seed}), flush=True)
+    return 0
+
+
+def spawn_worker(args, side: str, model_dir: Path, seed: int) -> dict:
+    """Run one trainer in a fresh interpreter (its own peak RSS) and return its result."""
+    import subprocess
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--setting", "realistic", "--worker", side,
+               "--model-dir", str(model_dir), "--steps", str(args.steps), "--seed", str(seed),
+               "--device", args.device, "--dtype", args.dtype, "--prompts-per-step", str(args.prompts_per_step),
+               "--new-tokens", str(args.new_tokens), "--prompt-tokens", str(args.prompt_tokens),
+               "--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"the {side} worker exited {done.returncode} without a result")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def memory_key(runs: list[dict]) -> str:
+    return "peak_cuda" if "peak_cuda" in runs[0] else "peak_rss"
+
+
+def realistic_side(runs: list[dict]) -> dict:
+    key = memory_key(runs)
+    base_key = key.replace("peak", "base")
+    s_per_step = statistics.median(step_median(r["step_seconds"]) for r in runs)
+    tokens = statistics.median(statistics.fmean(r["completion_tokens"][1:] or r["completion_tokens"]) for r in runs)
+    return {"s_per_step": s_per_step, "tokens_per_s": tokens / s_per_step, "memory": key,
+            "peak": max(r[key] for r in runs), "over_base": max(r[key] - r[base_key] for r in runs)}
+
+
+def print_realistic_run(run: dict) -> None:
+    side = realistic_side([run])
+    split = ", ".join(f"{p} {s:.3f}" for p, s in run.get("phases", {}).items())
+    print(f"  {run['trainer']:<4}  seed {run['seed']:<3}  {side['s_per_step']:.3f} s/step  "
+          f"{side['tokens_per_s']:.0f} completion tokens/s  {side['memory']} {side['peak'] / MiB:.0f} MiB "
+          f"({side['over_base'] / MiB:+.0f} MiB over the loaded model)" + (f"  split: {split}" if split else ""),
+          flush=True)
+
+
+def print_realistic_summary(ours: dict, trl: dict, rounds: int, steps: int) -> tuple[float, float]:
+    speed, memory = trl["s_per_step"] / ours["s_per_step"], ours["peak"] / trl["peak"]
+    print(f"\nsummary over {rounds} round(s) of {steps} steps (medians of per-run medians, steps 2..{steps})")
+    for name, side in (("ours", ours), ("TRL", trl)):
+        print(f"  {name + ':':<5} {side['s_per_step']:.3f} s/step ({1 / side['s_per_step']:.3f} steps/s, "
+              f"{side['tokens_per_s']:.0f} completion tokens/s), {side['memory']} {side['peak'] / MiB:.0f} MiB "
+              f"({side['over_base'] / MiB:+.0f} MiB over the loaded model)")
+    print(f"  steps/s ours / steps/s TRL: {speed:.2f}x  (goal >= {REALISTIC_GOAL:g}x: "
+          f"{'yes' if speed >= REALISTIC_GOAL else 'no'})")
+    print(f"  peak memory ours / TRL: {memory:.2f}  (over the loaded model: "
+          f"{ours['over_base'] / max(trl['over_base'], 1):.2f}; goal <= 1: {'yes' if memory <= 1 else 'no'})")
+    return speed, memory
+
+
+def realistic_main(args) -> int:
+    from bench.support.real_model import build_model_dir, parameter_count
+    from trainers.policy.loading import placement
+
+    device, dtype = placement(args.device, args.dtype)
+    model_dir = args.model_dir or build_model_dir(args.size, bench_cache() / f"qwen2-{args.size}-seed0")
+    print(f"realistic setting: Qwen2 {args.size} ({parameter_count(model_dir) / 1e6:.1f}M parameters, random init, "
+          f"local byte-level BPE, ChatML prompts of {args.prompt_tokens} tokens) on {device} in {dtype}")
+    print(f"settings: {realistic_shared(args)}, DAPO loss, group-scaled advantages, AdamW, grad clip 1.0, "
+          f"{args.threads} torch thread(s), no gradient checkpointing; one fresh process per run")
+    runs = {"ours": [], "trl": []}
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds} (seed {args.seed + r})", flush=True)
+        for side in ("ours", "trl"):
+            runs[side].append(spawn_worker(args, side, model_dir, args.seed + r))
+            print_realistic_run(runs[side][-1])
+    ours, trl = realistic_side(runs["ours"]), realistic_side(runs["trl"])
+    speed, memory = print_realistic_summary(ours, trl, args.rounds, args.steps)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+                                         "ours": ours, "trl": trl, "speedup": speed, "memory_ratio": memory}, indent=2))
+    print(f"ratio: {speed:.2f} (steps/s ours / steps/s TRL; peak memory ours / TRL {memory:.2f}; "
+          f"anchor: TRL's GRPOTrainer on the same model and settings, run in this run)")
+    return 0
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (each runs ours, then TRL)")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--setting", choices=("addition", "realistic"), default="addition",
+                        help="addition: the tiny demo model (default); realistic: a ~30M Qwen2 with a BPE tokenizer")
+    parser.add_argument("--rounds", type=int, default=None, help="A/B rounds (each runs ours, then TRL; "
+                        "default 3 for addition, 1 for realistic)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 30 for "
+                        "addition, 5 for realistic)")
     parser.add_argument("--seed", type=int, default=0, help="round r uses seed SEED + r for both trainers")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 round of 5 steps")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 round of 5 steps (realistic: the "
+                        "tiny size, 16 new tokens, 3 steps)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    realistic = parser.add_argument_group("realistic setting")
+    realistic.add_argument("--size", choices=("tiny", "30m", "0.5b"), default="30m", help="model size")
+    realistic.add_argument("--device", default="auto", help="auto, cpu or cuda (both trainers)")
+    realistic.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16 (both trainers)")
+    realistic.add_argument("--prompts-per-step", type=int, default=2, help="prompts per step (x G = 8 rows)")
+    realistic.add_argument("--new-tokens", type=int, default=64, help="max new tokens per completion")
+    realistic.add_argument("--prompt-tokens", type=int, default=100, help="tokens per prompt")
+    realistic.add_argument("--threads", type=int, default=1, help="torch threads in each worker")
+    realistic.add_argument("--worker", choices=("ours", "trl"), default=None, help=argparse.SUPPRESS)
+    realistic.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.steps = 1, 5
+    if args.setting == "realistic":
+        args.rounds, args.steps = args.rounds or 1, args.steps or 5
+        if args.quick:
+            args.rounds, args.steps, args.size, args.new_tokens = 1, 3, "tiny", 16
+    else:
+        args.rounds, args.steps = args.rounds or 3, args.steps or 30
+        if args.quick:
+            args.rounds, args.steps = 1, 5
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.worker:
+        return realistic_worker(args)
+    if args.setting == "realistic":
+        return realistic_main(args)
     torch.set_num_threads(1)
     quiet_trl()
     splits = addition_splits(seed=0)
