@@ -9,7 +9,7 @@
 Spaces: observations and actions are `Dict({"text": Text(max_length, min_length=0, charset=printable)})`.
 Everything the env emits is clipped to its space and characters outside the charset become '?'. An
 observation over `observation_max_chars` keeps its head (what the template puts before {history}:
-the role and the task, up to half the limit) and its most recent text, and drops the middle of the
+the role and the task, up to three quarters of the limit) and its most recent text, and drops the middle of the
 history, marking the cut with CUT_MARK (`keep_ends`); a message over `action_max_chars` keeps its
 first characters. Actions may be given as {"text": str} or str.
 
@@ -46,6 +46,7 @@ CHARSET = string.printable
 DEFAULT_OBSERVATION = "{role}\n{prompt}\n{history}{tool_results}"
 CUT_MARK = "\n[...]\n"  # where a too-long observation's middle was dropped (printable: it survives sanitise)
 _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(CHARSET)}]")
+HEAD_SHARE = 0.75  # the most of a cut text its head may keep: the rest goes to the most recent text
 _HISTORY_AT = "\x00"  # stands for {history} when measuring an observation's head (outside the charset)
 
 
@@ -58,7 +59,7 @@ def sanitise(text: str, max_chars: int, keep: str = "head") -> str:
 
 
 def keep_ends(text: str, max_chars: int, head: int) -> str:
-    """`text` within `max_chars`: its first `head` characters (at most half the limit), CUT_MARK, and
+    """`text` within `max_chars`: its first `head` characters (at most HEAD_SHARE of the limit), CUT_MARK, and
     its most recent characters; unchanged when it fits. A text already cut keeps its one mark: the
     head never reaches past the earlier CUT_MARK nor the tail before it (cutting again drops more of
     the same middle), and a tail shorter than the room left gives the head that room."""
@@ -66,7 +67,7 @@ def keep_ends(text: str, max_chars: int, head: int) -> str:
         return text
     if max_chars <= 2 * len(CUT_MARK):  # no room for both ends and a mark: the most recent text
         return text[len(text) - max_chars:]
-    head, earlier = max(0, min(head, max_chars // 2)), text.find(CUT_MARK)
+    head, earlier = max(0, min(head, int(max_chars * HEAD_SHARE))), text.find(CUT_MARK)
     if earlier >= 0:
         after = len(text) - earlier - len(CUT_MARK)
         head = min(earlier, max(head, max_chars - len(CUT_MARK) - after))

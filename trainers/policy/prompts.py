@@ -86,19 +86,22 @@ def _fit(tokenizer, observation: str, style: TurnStyle, limit: int | None) -> tu
 
     The longest kept observation whose prompt fits is found by bisection on its length in characters
     (a shorter keep_ends never has more tokens, up to a merge at the cut). The head kept is the
-    environment's (before its CUT_MARK) when it cut already, else half of what is kept.
+    environment's (before its CUT_MARK, up to marl.env.HEAD_SHARE of what is kept) when it cut already,
+    else half of what is kept.
     """
     prompt = turn_prompt(tokenizer, observation, style)
     if limit is None or _token_count(tokenizer, prompt) <= limit:
         return prompt, CUT_MARK in observation  # cut (or not) by the environment only
+    marked = CUT_MARK in observation  # the environment's head ends at its mark: keep_ends keeps it whole
+    kept = lambda chars: keep_ends(observation, chars, chars if marked else chars // 2)  # noqa: E731
     low, high = 0, len(observation) - 1  # characters kept: low always fits (or nothing does)
     while low < high:
         middle = (low + high + 1) // 2
-        if _token_count(tokenizer, turn_prompt(tokenizer, keep_ends(observation, middle, middle), style)) <= limit:
+        if _token_count(tokenizer, turn_prompt(tokenizer, kept(middle), style)) <= limit:
             low = middle
         else:
             high = middle - 1
-    return turn_prompt(tokenizer, keep_ends(observation, low, low), style), True
+    return turn_prompt(tokenizer, kept(low), style), True
 
 
 def fit_turn_prompts(tokenizer, requests, styles: dict[str, TurnStyle] | None = None,
