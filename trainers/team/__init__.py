@@ -2,7 +2,8 @@
 
     trainer.py     MultiAgentTrainer: play -> score -> credit -> guards -> advantages -> update;
                    what a step played is `trainer.last_step` (a StepResult)
-    metrics.py     team success, wins, masked episodes and the metrics of one step
+    metrics.py     team success, wins, masked episodes, the metrics of one step, and TurnGuards (truncated
+                   prompts, completions at their limit, tool calls that never fire: a metric and one warning)
     evaluation.py  the team's held-out set at temperature 0, and its metrics
 
 May import: marl (rollout, credit, scenario), trainers.grpo, trainers.policy, trainers.runs.
