@@ -89,3 +89,16 @@ def test_run_help_says_where_a_relative_model_is_read_from():
     result = _marl("run", "--help")
     assert result.returncode == 0
     assert "a relative DIR is read from the working directory" in " ".join(result.stdout.split())
+
+
+@pytest.mark.slow  # fresh interpreters importing torch and transformers
+@pytest.mark.parametrize("command", [["run", "relay", "--set", "train.model=noweights", "--tracker", "none"],
+                                     ["demo", "--model", "noweights", "--steps", "2", "--tracker", "none"]])
+def test_a_model_directory_without_weights_is_one_line(real_model_dirs, tmp_path, command):
+    """config.json and tokenizer but no weights file: one line naming the directory, exit 2, no traceback."""
+    (tmp_path / "noweights").mkdir()
+    for name in os.listdir(real_model_dirs["qwen2"]):
+        if name.endswith(".json") or name.endswith(".txt"):
+            (tmp_path / "noweights" / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
+    line = _one_line(_marl(*command, "--out", str(tmp_path / "out"), cwd=tmp_path))
+    assert f"{tmp_path / 'noweights'} does not load as a causal LM" in line and "save_pretrained" in line

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 
 
@@ -30,6 +31,9 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    # transformers' own deprecation notices (e.g. is_gradient_checkpointing, called by peft) are not the
+    # user's to act on, and they would break the one-line error contract of every command
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
 
 
 def print_problems(error) -> int:

@@ -12,7 +12,14 @@ the model: train.model is 'tiny' (the embedded default) or a local Hugging Face 
 (--set train.model=DIR); a relative DIR is read from the working directory, not the scenario's
 folder. Each turn is rendered with the model's chat template when it has one (the agent's role as
 the system message, its observation as the user message); chat_template: none (scenario or agent)
-gives the plain observation."""
+gives the plain observation.
+
+hardware and memory (each a --set train.KEY=VALUE):
+  train.device     auto (cuda, else mps, else cpu), cpu, cuda or mps
+  train.dtype      auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16 or float16
+  train.lora.r     LoRA adapters via peft (also train.lora.alpha, .dropout, .target_modules);
+                   absent = full fine-tuning
+  train.gradient_checkpointing, train.max_tokens_per_microbatch   bounded memory, same loss"""
 
 
 def add_parser(commands) -> None:

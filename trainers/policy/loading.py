@@ -24,6 +24,11 @@ from marl.options import DEVICES, DTYPES
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class ModelLoadError(ValueError, RuntimeError):
+    """A model directory that does not load (one line). A ValueError and a RuntimeError, like
+    PlacementError, so both `marl run` and `marl demo` print it and exit 2."""
+
+
 class PlacementError(ValueError, RuntimeError):
     """A device or dtype this machine cannot do (one line: the problem and the fix).
 
@@ -102,12 +107,17 @@ def load_policy(path: str | Path, *, device: str = "cpu", dtype: str | torch.dty
     (see `placement`); the defaults keep the CPU float32 model every test and the demo use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(path)
+    path = Path(path).resolve()  # absolute: peft records the base's name_or_path in saved adapters
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
                                 "pass a directory written by save_pretrained")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype)).to(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype)).to(device)
+    except (OSError, ValueError) as error:  # no weights, a broken config or tokenizer: one line, not a traceback
+        reason = " ".join(str(error).split())[:200]
+        raise ModelLoadError(f"{path} does not load as a causal LM ({type(error).__name__}: {reason}); pass a "
+                             "directory written by save_pretrained (config.json, weights and tokenizer)") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -132,7 +132,8 @@ class TurnGuards:
             self._warn_share(step, "prompts", cut, model_turns, "were cut to fit (their middle history dropped): "
                              "raise observation_max_chars or max_prompt_tokens, or use a model with a longer context")
             self._warn_share(step, "completions", at_limit, model_turns, "hit their agent's max_tokens before "
-                             "ending: raise agents[].max_tokens (16 suits the tiny model only)")
+                             "ending: raise agents[].max_tokens (a pretrained model usually needs more than the tiny "
+                             "model's few tokens)")
         return {**metrics, **self._tool_metrics(step, batch.episodes)}
 
     def _warn_share(self, step: int, what: str, count: int, total: int, advice: str) -> None:
