@@ -5,14 +5,13 @@ subprocess; the assertion is on the whole of stderr (exactly one line: where, wh
 """
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from marl.env import make_env
 from helpers.scenario_files import GOOD  # one minimal sound scenario for both files
+from helpers.cli import one_error_line, run_marl
 from helpers.paths import ROOT
 
 GENERATED = GOOD.replace('  inline:\n    - prompt: "1+1="\n      answer: "2"\n', "  generator: gen_lib:{name}\n"
@@ -115,18 +114,8 @@ FILES["tool_reexport"] = (GOOD + "tools:\n  - name: shell\n    function: evil_li
 
 
 def _marl(*args, cwd=None, timeout=120):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    root = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True,
-                          env={**env, "PYTHONPATH": root}, cwd=cwd or root, timeout=timeout)
+    return run_marl(*args, cwd=cwd, timeout=timeout)
 
-
-def _one_line(result) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr + result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def _write_case(tmp_path, name):
@@ -142,7 +131,7 @@ def _write_case(tmp_path, name):
 def test_validate_reports_a_hostile_file_in_one_located_line(name, tmp_path):
     path, expected = _write_case(tmp_path, name)
     started = time.monotonic()
-    line = _one_line(_marl("validate", str(path)))
+    line = one_error_line(_marl("validate", str(path)))
     assert line.startswith(f"{path}{expected}"), line
     assert time.monotonic() - started < 30  # bounded: nothing hangs or expands without limit
 
@@ -150,7 +139,7 @@ def test_validate_reports_a_hostile_file_in_one_located_line(name, tmp_path):
 @pytest.mark.parametrize("name", ["generator_hangs", "template_huge_width", "tool_os"])
 def test_rollout_refuses_the_same_files(name, tmp_path):
     path, expected = _write_case(tmp_path, name)
-    assert _one_line(_marl("rollout", str(path), "--policy", "null")).startswith(f"{path}{expected}")
+    assert one_error_line(_marl("rollout", str(path), "--policy", "null")).startswith(f"{path}{expected}")
 
 
 SET_CASES = [
@@ -168,7 +157,7 @@ SET_CASES = [
 @pytest.mark.parametrize("command", ["validate", "rollout", "credit"])
 @pytest.mark.parametrize("setting,expected", SET_CASES)
 def test_bad_set_paths_are_one_line_in_play_commands(command, setting, expected):
-    line = _one_line(_marl(command, "relay", "--set", setting))
+    line = one_error_line(_marl(command, "relay", "--set", setting))
     key = setting.split("=")[0]
     assert line.startswith(f"{_relay()} (--set {key}):0:0: {expected}"), line
 
@@ -181,7 +170,7 @@ def _relay() -> str:
 @pytest.mark.parametrize("command", ["run", "eval", "estimate"])
 def test_bad_set_paths_are_one_line_in_model_commands(command, tmp_path):
     extra = ["--out", str(tmp_path / "run")] if command == "run" else []
-    line = _one_line(_marl(command, "relay", "--set", "agents.9.name=z", *extra))
+    line = one_error_line(_marl(command, "relay", "--set", "agents.9.name=z", *extra))
     assert line.startswith(f"{_relay()} (--set agents.9.name):0:0: agents.9.name: --set 'agents.9.name=z': agents "
                            "is a list of 3 entries"), line
     assert not (tmp_path / "run").exists()  # refused before anything is written
@@ -189,7 +178,7 @@ def test_bad_set_paths_are_one_line_in_model_commands(command, tmp_path):
 
 def test_run_refuses_a_template_before_building_anything(tmp_path):
     path, expected = _write_case(tmp_path, "template_unknown_field")
-    line = _one_line(_marl("run", str(path), "--out", str(tmp_path / "run")))
+    line = one_error_line(_marl("run", str(path), "--out", str(tmp_path / "run")))
     assert line.startswith(f"{path}{expected}") and not (tmp_path / "run").exists()
 
 
@@ -206,7 +195,7 @@ def test_run_refuses_a_template_before_building_anything(tmp_path):
 def test_bad_flags_are_one_line(args, expected, tmp_path):
     if args[0] == "demo":
         args = [*args, "--out", str(tmp_path / "demo")]
-    line = _one_line(_marl(*args))
+    line = one_error_line(_marl(*args))
     assert expected in line, line
     assert not (tmp_path / "demo").exists()  # refused before the run directory is made
 
@@ -265,6 +254,6 @@ def test_a_generator_within_its_timeout_yields_at_most_count_tasks():
 
 
 def test_a_scripted_policy_that_raises_is_one_line():
-    line = _one_line(_marl("rollout", "relay", "--policy", "os:system", "--episodes", "1"))
+    line = one_error_line(_marl("rollout", "relay", "--policy", "os:system", "--episodes", "1"))
     assert line.startswith("marl: error: policy 'os:system' raised TypeError: ")  # the rest is Python's wording
     assert line.endswith("(a policy is called as function(agent, observation, task) and returns the agent's message)")

@@ -4,27 +4,17 @@ one line and exit 2 before anything plays or trains."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from helpers.bad_models import broken_model_dir
+from helpers.cli import one_error_line, run_marl
 from helpers.paths import ROOT
 
 
 def _marl(*args, cwd=None, timeout=180):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd or ROOT, timeout=timeout)
+    return run_marl(*args, cwd=cwd, timeout=timeout)
 
-
-def _one_line(result) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr + result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and transformers
@@ -57,14 +47,14 @@ def test_a_model_directory_plays_greedily_with_its_agents_styles(real_model_dirs
 ])
 def test_rollout_refuses_a_model_directory_that_does_not_load(real_model_dirs, tmp_path, kind, expected):
     directory = broken_model_dir(real_model_dirs["llama"], tmp_path / kind, kind)
-    line = _one_line(_marl("rollout", "relay", "--policy", str(directory), "--episodes", "1"))
+    line = one_error_line(_marl("rollout", "relay", "--policy", str(directory), "--episodes", "1"))
     assert line.startswith(f"marl: error: --policy {directory}") and expected in line
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_run_refuses_a_broken_train_model_before_training(real_model_dirs, tmp_path):
     broken_model_dir(real_model_dirs["llama"], tmp_path / "broken", "bad_config")
-    line = _one_line(_marl("run", "relay", "--set", "train.model=broken", "--out", str(tmp_path / "run"), cwd=tmp_path))
+    line = one_error_line(_marl("run", "relay", "--set", "train.model=broken", "--out", str(tmp_path / "run"), cwd=tmp_path))
     assert "train.model: broken: the config.json does not load" in line and str(tmp_path) in line
     assert not (tmp_path / "run").exists()
 
@@ -100,5 +90,5 @@ def test_a_model_directory_without_weights_is_one_line(real_model_dirs, tmp_path
     for name in os.listdir(real_model_dirs["qwen2"]):
         if name.endswith(".json") or name.endswith(".txt"):
             (tmp_path / "noweights" / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
-    line = _one_line(_marl(*command, "--out", str(tmp_path / "out"), cwd=tmp_path))
+    line = one_error_line(_marl(*command, "--out", str(tmp_path / "out"), cwd=tmp_path))
     assert f"{tmp_path / 'noweights'} does not load as a causal LM" in line and "save_pretrained" in line

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from trainers.cli.main import main
+from helpers.scenario_files import race_yaml
 from helpers.paths import SCENARIOS
 
 SMALL = ["train.prompts_per_step=2", "train.group_size=4", "tasks.count=60", "tasks.eval_count=8",
@@ -158,23 +159,7 @@ def test_invalid_scenario_stops_before_any_model_is_built(tmp_path, capsys):
 def _race_scenario(tmp_path: Path) -> Path:
     """A competitive scenario the addition model can play: both agents answer; the correct one wins."""
     path = tmp_path / "race.yaml"
-    path.write_text("""
-name: race
-mode: competitive
-agents:
-  - {name: first, observation: "{prompt}", max_tokens: 4}
-  - {name: second, observation: "{prompt}", max_tokens: 4}
-graph: {order: schedule, schedule: [[first, second]]}
-tasks:
-  inline:
-""" + "".join(f"    - {{prompt: '{a}+{b}=', answer: '{a + b}'}}\n" for a, b in
-              [(12, 35), (47, 19), (23, 58), (66, 27), (31, 44), (18, 29), (52, 39), (74, 17)]) + """
-rewards:
-  outcome: [{kind: exact}]
-train:
-  stages: [main]
-  selfplay: {snapshot_every: 1, self_play_fraction: 0.0, strategy: latest}
-""")
+    path.write_text(race_yaml(8, train='  stages: [main]\n  selfplay: {snapshot_every: 1, self_play_fraction: 0.0, strategy: latest}\n'))
     return path
 
 

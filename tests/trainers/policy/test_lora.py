@@ -19,6 +19,7 @@ from trainers.grpo.learner import PolicyLearner
 from trainers.policy.actors import ModelActor, build_actors
 from trainers.policy.adapters import AdapterBase, AdapterPolicy, BaseReference
 from trainers.policy.tinylm import load_policy
+from helpers.scenario_files import race_yaml
 
 LORA = LoraSpec(r=4, alpha=8.0)
 RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message"]
@@ -146,11 +147,7 @@ def test_own_agents_share_one_frozen_base_in_memory(real_model_dirs):
 def test_selfplay_opponent_is_a_frozen_adapter_and_snapshots_hold_adapter_weights(real_model_dirs, tmp_path):
     from trainers.team.trainer import OPPONENT, MultiAgentTrainer
 
-    race = ("name: race\nmode: competitive\nagents:\n  - {name: first, observation: '{prompt}', max_tokens: 4}\n"
-            "  - {name: second, observation: '{prompt}', max_tokens: 4}\ngraph: {order: schedule, schedule: "
-            "[[first, second]]}\ntasks:\n  inline:\n" + "".join(f"    - {{prompt: '{a}+{b}=', answer: '{a + b}'}}\n"
-            for a, b in [(12, 35), (47, 19), (23, 58), (66, 27)]) + "rewards:\n  outcome: [{kind: exact}]\n")
-    (tmp_path / "race.yaml").write_text(race)
+    (tmp_path / "race.yaml").write_text(race_yaml())
     scenario = load_scenario(tmp_path / "race.yaml", ["train.lora.r=4", "train.selfplay.snapshot_every=1",
                                     "train.selfplay.self_play_fraction=0.0"])
     actors, seats = build_actors(scenario, real_model_dirs["qwen2"], seed=0)

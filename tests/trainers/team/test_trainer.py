@@ -17,22 +17,11 @@ from marl.scenario.load import load_scenario
 from trainers.grpo.config import GRPOConfig
 from trainers.policy.actors import ModelActor
 from trainers.team.trainer import MultiAgentTrainer, StepResult
+from helpers.scenario_files import race_yaml
 
 PROMPTS, G = 2, 2
 RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message"]  # v(nobody) = 0: silence scores 0
-RACE = """
-name: race
-mode: competitive
-agents:
-  - {name: first, observation: "{prompt}", max_tokens: 4}
-  - {name: second, observation: "{prompt}", max_tokens: 4}
-graph: {order: schedule, schedule: [[first, second]]}
-tasks:
-  inline:
-""" + "".join(f"    - {{prompt: '{a}+{b}=', answer: '{a + b}'}}\n" for a, b in [(12, 35), (47, 19), (23, 58), (66, 27)]) + """
-rewards:
-  outcome: [{kind: exact}]
-"""
+RACE = race_yaml()
 
 
 def _by_seed(episode, agent, reward):
