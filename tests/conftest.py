@@ -25,16 +25,9 @@ def _one_thread():
 @pytest.fixture
 def micro_policy():
     """Factory of a fresh, seeded, untrained micro Llama (2 layers, hidden 32) and its char tokenizer."""
-    from trainers.policy.tinylm import TinyLMRecipe, build_char_tokenizer, init_tiny_model
+    from helpers.char_model import micro_char_llama
 
-    def make(seed: int = 0):
-        recipe = TinyLMRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
-        tokenizer = build_char_tokenizer(recipe.alphabet)
-        model = init_tiny_model(recipe, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
-                                tokenizer.eos_token_id)
-        return model.eval(), tokenizer
-
-    return make
+    return micro_char_llama
 
 
 @pytest.fixture(scope="session")

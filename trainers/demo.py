@@ -99,17 +99,32 @@ def _given_by(key: str, overrides: list[str], flag: bool) -> str:
 
 
 def demo_policy(splits: AdditionSplits, cache_dir: str | None = None, log=print) -> Path:
-    """The tiny addition model, built on the SFT split and warmed up until its sampled accuracy on a
-    probe of the RL split reaches the recipe's target."""
+    """The tiny addition model, built on the SFT split (each problem a chat turn with no role, as
+    relay's agents see theirs) and warmed up until its sampled accuracy on a probe of the RL split
+    reaches the recipe's target."""
     from trainers.grpo.evaluate import accuracy
+    from trainers.policy.prompts import DEFAULT_STYLE
 
-    demonstrations = [(task.prompt, task.answer) for task in splits.sft]
+    demonstrations = [(task.prompt, task.answer, DEFAULT_STYLE) for task in splits.sft]
     probe = splits.train[:PROBE_SIZE]
 
     def probe_accuracy(model, tokenizer):
-        return accuracy(model, tokenizer, probe, addition_reward, greedy=False, samples=2, seed=1)
+        return accuracy(model, tokenizer, chat_tasks(probe, tokenizer), addition_reward, greedy=False, samples=2, seed=1)
 
     return build_or_load_tiny_model(TinyLMRecipe(), demonstrations, probe_accuracy, cache_dir, log)
+
+
+def chat_tasks(tasks, tokenizer) -> list:
+    """The tasks with each prompt rendered as the model's turn (trainers/policy/prompts.py: the chat
+    template when the tokenizer has one, else the problem itself), as every marl command renders it."""
+    from trainers.policy.prompts import turn_prompt
+
+    return [dataclasses.replace(task, prompt=turn_prompt(tokenizer, task.prompt)) for task in tasks]
+
+
+def chat_splits(splits: AdditionSplits, tokenizer) -> AdditionSplits:
+    """`chat_tasks` of every split."""
+    return AdditionSplits(*(chat_tasks(part, tokenizer) for part in (splits.sft, splits.train, splits.eval)))
 
 
 def held_out_accuracy(model, tokenizer, splits: AdditionSplits, samples: int, max_new_tokens: int) -> dict:
@@ -141,6 +156,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     splits = addition_splits(seed=0)
     path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
     model, tokenizer = load_policy(path, device=device, dtype=dtype)
+    splits = chat_splits(splits, tokenizer)
     trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
                           progress_fn=addition_progress)
     with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunDirectoryError):

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TABLE_EVERY = 10  # steps between sample / credit tables
-TINY_MAX_POSITIONS = 256  # longest observation + message the embedded tiny model is built for
 TABLE_ROWS = 24
 
 
@@ -83,19 +82,12 @@ def _needs_model(scenario) -> bool:
     return any(agent.policy in ("shared", "own") for agent in scenario.spec.agents)
 
 
-def check_context(scenario, context: int | None, *, tiny: bool = False) -> None:
+def check_context(scenario, context: int | None) -> None:
     """RunError (one line, exit 2) when an agent the base plays cannot fit max_prompt_tokens + max_tokens
-    in the base's `context` (trainers/policy/prompts.py:context_problem). The embedded character model
-    counts a token per character of observation_max_chars, against the positions it can learn."""
+    in the base's `context` (trainers/policy/prompts.py:context_problem)."""
     from trainers.policy.prompts import context_problem
 
-    if not tiny:
-        problem = context_problem(scenario.spec, context)
-    else:
-        problem = context_problem(
-            scenario.spec, context, prompt=("observation_max_chars", scenario.spec.observation_max_chars),
-            model=f"the {context} positions the embedded character-level tiny model can learn in minutes on a CPU",
-            fix="set train.model to a Hugging Face causal-LM directory")
+    problem = context_problem(scenario.spec, context)
     if problem is not None:
         raise RunError(problem)
 
@@ -108,9 +100,10 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
     anything loads: no config.json, a config or tokenizer that does not load, a tokenizer with
     neither pad nor eos token are each a one-line RunError.
 
-    'tiny' is the addition model of the demo when every character the scenario's expert writes or
-    sees is one it knows (the default relay scenario); otherwise a tiny model with the scenario's
-    own alphabet, warmed up on its expert demonstrations (cached after the first build).
+    'tiny' is the embedded default (trainers/policy/tinylm.py): the addition model of the demo when
+    the scenario's expert turns are addition problems rendered as the demo's are (the default relay
+    scenario), otherwise a tiny model built for the scenario, its tokenizer trained on the scenario's
+    texts, warmed up on its expert's turns rendered as each agent's turn is (cached after the first build).
     """
     from marl.addition import ALPHABET, addition_splits
 
@@ -124,30 +117,28 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
             raise RunError(f"train.model: {problem} (or use 'tiny'; a relative path is read from the working "
                            f"directory {Path.cwd()})")
         return path
-    from trainers.stages.warmup import expert_demonstrations
+    from trainers.policy.prompts import DEFAULT_STYLE, agent_styles
+    from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model
+    from trainers.stages.warmup import expert_turns
 
+    spec, recipe = scenario.spec, TinyLMRecipe()
+    check_context(scenario, recipe.max_positions)  # before the build, not after it
     train_tasks, _ = scenario.split()
-    if scenario.spec.expert is not None:
-        demonstrations = expert_demonstrations(scenario, train_tasks)
-    else:  # no expert: what the tasks show is all we know of the scenario's characters
-        demonstrations = [(task.prompt, task.answer or "") for task in train_tasks]
-    alphabet = sorted({ch for pair in demonstrations for text in pair for ch in text})
-    if set(alphabet) <= set(ALPHABET):
+    if spec.expert is None:
+        raise RunError(f"train.model 'tiny': scenario {spec.name!r} has no expert, so a tiny model for it cannot "
+                       "be warmed up; add `expert: module:function` or set train.model to a Hugging Face model "
+                       "directory")
+    styles = agent_styles(spec)
+    demonstrations = [(observation, message, styles[agent])
+                      for agent, observation, message in expert_turns(scenario, train_tasks)]
+    texts = {ch for observation, message, _ in demonstrations for ch in observation + message}
+    if texts <= set(ALPHABET) and all(style == DEFAULT_STYLE for style in styles.values()):
         from trainers.demo import demo_policy
 
         return demo_policy(addition_splits(seed=0), cache_dir, log)
-    from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model
-
-    if scenario.spec.expert is None:
-        raise RunError(f"train.model 'tiny': scenario {scenario.spec.name!r} has no expert, so a tiny model for its "
-                       "characters cannot be warmed up; add `expert: module:function` or set train.model to a "
-                       "Hugging Face model directory")
-
-    spec, warmup = scenario.spec, scenario.spec.train.warmup.resolved()  # the tiny model's SFT settings
-    positions = spec.observation_max_chars + max(a.max_tokens for a in spec.agents) + 2
-    check_context(scenario, TINY_MAX_POSITIONS - 2, tiny=True)  # 2 spare: the stop token and one more
-    recipe = TinyLMRecipe(alphabet="".join(alphabet), max_positions=positions, sft_max_steps=max(1, warmup.sft_max_steps),
-                          sft_lr=warmup.sft_lr, sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)
+    warmup = spec.train.warmup.resolved()  # the tiny model's SFT settings: a fixed budget of steps
+    recipe = TinyLMRecipe(sft_max_steps=max(1, warmup.sft_max_steps), sft_lr=warmup.sft_lr,
+                          sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)
     return build_or_load_tiny_model(recipe, demonstrations, None, cache_dir, log)
 
 

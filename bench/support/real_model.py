@@ -21,16 +21,7 @@ import resource
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_VERSION = 1  # bump when anything below changes what is built
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+BUILD_VERSION = 2  # bump when anything below changes what is built
 # hidden, layers, heads, kv heads, MLP width, vocabulary (None = the tokenizer's own)
 SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, vocab=None),
@@ -51,22 +42,11 @@ def corpus() -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB):
-    """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus()`, with ChatML tokens and template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus()`, with ChatML tokens and template
+    (marl's own builder, trainers/policy/tokenizer.py, the one the embedded default model uses)."""
+    from trainers.policy.tokenizer import build_bpe_tokenizer
 
-    core = Tokenizer(models.BPE())
-    core.normalizer = normalizers.NFC()  # Qwen2's own: transformers rebuilds these for a qwen2 directory
-    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    core.train_from_iterator(corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
+    return build_bpe_tokenizer(corpus(), vocab_size)
 
 
 def qwen2_config(size: str, tokenizer, context: int = 1024):
@@ -88,6 +68,8 @@ def build_model_dir(size: str, directory: Path, *, seed: int = 0) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from trainers.policy.tokenizer import end_ids
+
     transformers.logging.disable_progress_bar()
     directory = Path(directory)
     stamp = {"size": size, "seed": seed, "build_version": BUILD_VERSION, "shape": SIZES[size]}
@@ -96,8 +78,7 @@ def build_model_dir(size: str, directory: Path, *, seed: int = 0) -> Path:
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(qwen2_config(size, tokenizer), dtype=torch.float32)
-    end_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=end_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     (directory / "bench_build.json").write_text(json.dumps(stamp))

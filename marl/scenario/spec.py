@@ -380,8 +380,9 @@ class TrainSpec(TrainKnobs):
 
     steps: int = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
     stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"])
-    model: str = Field("tiny", description="'tiny' (the embedded default, built locally) or a local Hugging Face "
-                                           "causal-LM directory")
+    model: str = Field("tiny", description="'tiny' (the embedded default: a small Qwen2 chat model with a BPE "
+                                           "tokenizer, built locally for the scenario and cached) or a local Hugging "
+                                           "Face causal-LM directory")
     checkpoint_every: int = Field(10, ge=1)
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
                                                           "(default: all of tasks.eval_count)")

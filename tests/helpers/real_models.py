@@ -14,15 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 ARCHITECTURES = ("qwen2", "llama", "gpt2")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 CORPUS = (
     "You are the planner. Break the task into steps and hand them on.",
     "You are the solver. Compute the answer and write it after ANSWER:.",
@@ -34,24 +25,11 @@ CORPUS = (
 
 
 def build_bpe_tokenizer(texts=CORPUS, vocab_size: int = 400):
-    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts`, with ChatML tokens and template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts`, with ChatML tokens and template
+    (the library's own builder, trainers/policy/tokenizer.py, on this file's small corpus)."""
+    from trainers.policy.tokenizer import build_bpe_tokenizer as build
 
-    core = Tokenizer(models.BPE())
-    # Qwen2's own normaliser and pre-tokeniser: transformers rebuilds exactly these when it loads a
-    # qwen2 directory, so the saved tokenizer splits text the same way under every architecture
-    core.normalizer = normalizers.NFC()
-    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    core.train_from_iterator(list(texts) * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
+    return build(texts, vocab_size, repeat=4)
 
 
 def model_config(architecture: str, tokenizer, *, hidden: int = 32, layers: int = 2, heads: int = 4,
@@ -78,11 +56,12 @@ def build_model_dir(architecture: str, directory: Path, *, seed: int = 0, tokeni
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from trainers.policy.tokenizer import end_ids
+
     tokenizer = tokenizer or build_bpe_tokenizer()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(model_config(architecture, tokenizer, **sizes))
-    end_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=end_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
     directory = Path(directory)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

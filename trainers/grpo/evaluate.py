@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from marl.types import Task
+from trainers.policy.prompts import stop_token_ids
 from trainers.policy.sampling import decode_completions, encode_prompts, sample_completions
 
 
@@ -30,7 +31,7 @@ def accuracy(model, tokenizer, tasks: Sequence[Task], reward_fn: Callable[[Task,
         ids, mask = encode_prompts(tokenizer, [t.prompt for t in chunk])
         out = sample_completions(model, ids, mask, group_size=1 if greedy else samples,
                                  max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
                                  generator=generator)
         texts = decode_completions(tokenizer, out)
         group = 1 if greedy else samples

@@ -21,6 +21,7 @@ from marl.types import Task
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.objective import group_advantages, masked_mean, zero_std_group_fraction
 from trainers.grpo.safeguards import apply_floor_reward
+from trainers.policy.prompts import stop_token_ids
 from trainers.grpo.shared import (GuardTally, bucket_metrics, core_state, difficulty_buckets,
                                   heuristic_difficulty, load_core_state, nanmean, record_pass_rates,
                                   repetition_guards, seed_everything)
@@ -72,6 +73,7 @@ class GRPOTrainer:
         seed_everything(config)
         self.model = model.eval()  # eval mode: no dropout, so sampling and training forwards agree
         self.tokenizer, self.reward_fn, self.progress_fn = tokenizer, reward_fn, progress_fn
+        self.stop_ids = stop_token_ids(model, tokenizer)  # every listed eos and the end of turn, not only eos
         self.tasks = {task.id: task for task in tasks}
         self.learner = PolicyLearner(model, config)
         self.generator = torch.Generator(device=model_device(model)).manual_seed(config.seed)  # sampling draws here
@@ -116,7 +118,7 @@ class GRPOTrainer:
         ids, mask = encode_prompts(self.tokenizer, [t.prompt for t in tasks])
         completions = sample_completions(
             self.model, ids, mask, group_size=self.config.group_size, max_new_tokens=self.config.max_new_tokens,
-            temperature=self.config.temperature, top_p=self.config.top_p, eos_token_id=self.tokenizer.eos_token_id,
+            temperature=self.config.temperature, top_p=self.config.top_p, eos_token_id=self.stop_ids,
             pad_token_id=self.tokenizer.pad_token_id, generator=self.generator)
         return completions, decode_completions(self.tokenizer, completions)
 

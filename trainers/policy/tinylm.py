@@ -1,10 +1,20 @@
-"""The embedded default policy: a tiny character-level Llama built and warmed up on this machine.
+"""The embedded default policy: a small Qwen2-architecture chat model built and warmed up on this machine.
 
-No model hub is reachable, so the default model is made locally: a character tokenizer built with
-`tokenizers`, a Llama config of about 1.6M parameters, and an SFT warm-up on the task's expert
-demonstrations that stops once sampled accuracy reaches a target (so that RL has room to improve).
-The result is saved with `save_pretrained` under a cache directory keyed by the hash of its recipe:
-the first build takes about a minute, later runs load it instantly. Any local Hugging Face
+No model hub is reachable, so the default model is made locally, as a user's pretrained model would
+be laid out: a byte-level BPE tokenizer with ChatML tokens and chat template, trained with
+`tokenizers` on the scenario's own texts and the general text the project ships
+(trainers/policy/tokenizer.py); a Qwen2 config of about 1.7M parameters (RoPE, grouped-query
+attention, tied embeddings, a context of 2048 tokens); and an SFT warm-up on the task's expert
+demonstrations, rendered with the chat template exactly as an agent's turn is when it acts
+(trainers/policy/prompts.py), that stops once sampled accuracy reaches a target (so that RL has room
+to improve) or after a fixed number of steps.
+
+The result is a standard directory (`save_pretrained`: config.json, generation_config.json listing
+<|im_end|> and <|endoftext|> as eos, model.safetensors, the tokenizer with its chat template) that
+plain `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load with no marl
+code. It is cached under a key of the recipe, the demonstrations and the build code itself (the
+source of every module below that shapes what is built), so a cache built by older code is never
+reused. The first build takes a minute or two; later runs load it instantly. Any local Hugging Face
 causal-LM directory loads through the same `load_policy`.
 """
 
@@ -20,25 +30,36 @@ from pathlib import Path
 
 import torch
 
-from marl.addition import ALPHABET
 from trainers.policy.loading import load_policy  # noqa: F401 - moved to loading.py; kept for callers
 
-RECIPE_VERSION = 1  # bump when the build code changes what a recipe produces
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+_HERE = Path(__file__).resolve().parent
+# the modules whose code decides what a build produces: any change to them is a new cache key
+BUILD_SOURCES = (_HERE / "tinylm.py", _HERE / "tokenizer.py", _HERE / "prompts.py",
+                 Path(__import__("judges.model.chat", fromlist=["chat"]).__file__))
+
+
+def build_code_version() -> str:
+    """Hash of the build code's source (BUILD_SOURCES): part of every cache key."""
+    digest = hashlib.sha256()
+    for path in BUILD_SOURCES:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class TinyLMRecipe:
-    """Everything that determines the tiny model; its hash names the cache directory."""
+    """Everything about the tiny model's shape and warm-up; with its demonstrations and the build
+    code's version it names the cache directory (`cache_key`)."""
 
-    alphabet: str = ALPHABET
-    """characters the tokenizer knows, one token each (plus <pad> <bos> <eos> <unk>)"""
+    vocab_size: int = 1024
+    """most BPE tokens (the 3 ChatML specials included); a small corpus stops with fewer"""
     hidden_size: int = 128
     num_layers: int = 6
     num_heads: int = 4
+    num_kv_heads: int = 2
     intermediate_size: int = 512
-    max_positions: int = 32
-    """longest prompt + completion in tokens"""
+    max_positions: int = 2048
+    """the model's context in tokens (RoPE: nothing is learnt per position, so this costs nothing)"""
     seed: int = 0
     """seed of the weight init and of the SFT batch order"""
     sft_lr: float = 1e-3
@@ -49,10 +70,16 @@ class TinyLMRecipe:
     sft_target_accuracy: float = 0.30
     """stop SFT once sampled accuracy (temperature 1) on the probe set reaches this"""
 
-    def key(self) -> str:
-        """Short stable hash of the recipe (and of the build code's version)."""
-        blob = json.dumps({"v": RECIPE_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+Demonstration = tuple  # (observation, message, TurnStyle): an expert turn, rendered by the build
+
+
+def cache_key(recipe: TinyLMRecipe, demonstrations: Sequence[Demonstration]) -> str:
+    """Short stable hash of the recipe, the demonstrations and the build code's version."""
+    blob = json.dumps({"code": build_code_version(), "recipe": asdict(recipe),
+                       "demonstrations": [[obs, msg, style.role, style.mode] for obs, msg, style in demonstrations]},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def default_cache_dir() -> Path:
@@ -60,32 +87,41 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("MARL_CACHE", Path.home() / ".cache" / "marl"))
 
 
-def build_char_tokenizer(alphabet: str):
-    """A character-level fast tokenizer: one token per character, left padding, no BOS added."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def tokenizer_texts(demonstrations: Sequence[Demonstration]) -> list[str]:
+    """The tokenizer's corpus: the general text, the chat roles' names, and every demonstration's
+    role, observation and message (each distinct text once)."""
+    from trainers.policy.tokenizer import GENERAL_TEXT
 
-    if len(set(alphabet)) != len(alphabet):
-        raise ValueError(f"alphabet {alphabet!r} repeats a character")
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({ch: len(SPECIAL_TOKENS) + i for i, ch in enumerate(alphabet)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    texts = list(GENERAL_TEXT) + ["system\nuser\nassistant\n"]
+    for observation, message, style in demonstrations:
+        texts += [style.role, observation, message]
+    return list(dict.fromkeys(text for text in texts if text))
 
 
-def init_tiny_model(recipe: TinyLMRecipe, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
-    """A freshly initialised LlamaForCausalLM (fp32, untied embeddings) seeded by the recipe."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_tiny_tokenizer(recipe: TinyLMRecipe, demonstrations: Sequence[Demonstration]):
+    """The BPE chat tokenizer of a tiny model (trainers/policy/tokenizer.py) on `tokenizer_texts`."""
+    from trainers.policy.tokenizer import build_bpe_tokenizer
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=recipe.hidden_size,
+    return build_bpe_tokenizer(tokenizer_texts(demonstrations), recipe.vocab_size)
+
+
+def init_tiny_model(recipe: TinyLMRecipe, tokenizer):
+    """A freshly initialised Qwen2ForCausalLM (fp32, tied embeddings) seeded by the recipe, whose
+    generation config stops at <|im_end|> and <|endoftext|>."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from trainers.policy.tokenizer import end_ids
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=recipe.hidden_size,
                          num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
-                         intermediate_size=recipe.intermediate_size, max_position_embeddings=recipe.max_positions,
-                         pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id, tie_word_embeddings=False)
+                         num_key_value_heads=recipe.num_kv_heads, intermediate_size=recipe.intermediate_size,
+                         max_position_embeddings=recipe.max_positions, tie_word_embeddings=True,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(recipe.seed)
-    return LlamaForCausalLM(config).float()
+    model = Qwen2ForCausalLM(config).float()
+    model.generation_config = GenerationConfig(eos_token_id=end_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    return model
 
 
 def _sft_batch(tokenizer, pairs: Sequence[tuple]) -> tuple[torch.Tensor, ...]:
@@ -185,27 +221,38 @@ def _check_cache_folder(folder: Path) -> None:
                             f"{error.strerror or error}; {how}") from None
 
 
-def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[tuple[str, str]],
+def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demonstration],
                              probe_accuracy: Callable[[object, object], float] | None = None,
                              cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Path:
-    """Return the directory of the tiny model for `recipe`, building it first if it is not cached.
+    """Return the directory of the tiny model for `recipe` and its (observation, message, TurnStyle)
+    demonstrations, building it first if it is not cached.
 
-    `probe_accuracy(model, tokenizer)` is the sampled accuracy the SFT warm-up stops on. The build is
-    deterministic for a recipe (one thread, seeded init and batch order) and written atomically.
+    The build trains the tokenizer on the demonstrations' texts and the general text, renders each
+    demonstration as the agent's turn is rendered when it acts (`prompts.demonstration`: the chat
+    template, the role as the system message, ended by <|im_end|>), and SFTs a fresh model on them.
+    `probe_accuracy(model, tokenizer)` is the sampled accuracy the SFT stops on (None: the recipe's
+    step budget). Deterministic for a key (seeded init and batch order) and written atomically.
     """
-    target = Path(cache_dir or default_cache_dir()) / "models" / f"tinylm-{recipe.key()}"
+    from trainers.policy.prompts import demonstration
+
+    if not demonstrations:
+        raise ValueError("the tiny model needs at least one demonstration to warm up on")
+    target = Path(cache_dir or default_cache_dir()) / "models" / f"tinylm-{cache_key(recipe, demonstrations)}"
     if (target / "marl_build.json").exists():
         log(f"tiny model: cached at {target}")
         return target
     _check_cache_folder(target.parent)  # before the build (a minute), not at its end
-    log(f"tiny model: building {target.name} (first run only, about a minute)")
-    tokenizer = build_char_tokenizer(recipe.alphabet)
-    model = init_tiny_model(recipe, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
-                            tokenizer.eos_token_id)
+    log(f"tiny model: building {target.name} (first run only, a minute or two)")
+    tokenizer = build_tiny_tokenizer(recipe, demonstrations)
+    model = init_tiny_model(recipe, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"tiny model: {n_params:,} parameters, SFT warm-up on {len(demonstrations)} demonstrations")
+    log(f"tiny model: Qwen2 architecture, {n_params:,} parameters, BPE vocabulary of {len(tokenizer)}, "
+        f"SFT warm-up on {len(demonstrations)} demonstrations")
+    rendered = [demonstration(tokenizer, observation, message, style) for observation, message, style in demonstrations]
     probe = (lambda m: probe_accuracy(m, tokenizer)) if probe_accuracy else None
-    report = sft_warmup(model, tokenizer, demonstrations, recipe, probe, log)
-    save_atomically(model, tokenizer, target, {"recipe": asdict(recipe), "parameters": n_params, "sft": report})
+    report = sft_warmup(model, tokenizer, rendered, recipe, probe, log)
+    save_atomically(model, tokenizer, target, {"recipe": asdict(recipe), "build_code": build_code_version(),
+                                               "parameters": n_params, "vocabulary": len(tokenizer),
+                                               "demonstrations": len(demonstrations), "sft": report})
     log(f"tiny model: saved after {report['steps']} SFT steps in {report['seconds']:.0f}s")
     return target

@@ -18,10 +18,11 @@ One `reflection_step(trainer, settings, train_tasks)`:
    rewards of retried episodes by `settings.retry_discount`, so a corrected answer earns close to a
    first-try one, not more.
 
-The reason is text in front of every observation of the retried episode (`REASON_TEMPLATE`). The
-default tiny model is character level with a small alphabet (digits, '+', '='), so it sees the
-letters as unknown tokens and cannot read the reason; the mechanism is the same for any model that
-can (a local Hugging Face model or an endpoint policy), and the prefix is plain printable text.
+The reason is text in front of every observation of the retried episode (`REASON_TEMPLATE`), plain
+printable text that any model with a subword tokenizer reads: the embedded tiny model (a BPE chat
+model, trainers/policy/tinylm.py) as well as a local Hugging Face model or an endpoint policy. The
+tiny relay model was warmed up on addition problems alone, so what it makes of the reason is for RL to
+teach it.
 
 The step's results update the pass-rate EMAs like any step's, retries included.
 """

@@ -1,46 +1,65 @@
-"""The embedded tiny model: tokenizer, deterministic build, disk cache, loading through transformers."""
+"""The embedded tiny model: a Qwen2 chat model with a locally trained BPE tokenizer; deterministic build,
+a disk cache keyed by the recipe, the demonstrations and the build code, loading through plain transformers."""
 
 import json
 
 import pytest
 import torch
 
-from trainers.policy.tinylm import (TinyLMRecipe, build_char_tokenizer, build_or_load_tiny_model, init_tiny_model,
-                             load_policy)
+from trainers.policy import tinylm
+from trainers.policy.prompts import DEFAULT_STYLE, TurnStyle
+from trainers.policy.tinylm import (TinyLMRecipe, build_or_load_tiny_model, build_tiny_tokenizer, cache_key,
+                                    init_tiny_model, load_policy)
+from trainers.policy.tokenizer import build_bpe_tokenizer
 
-MICRO = dict(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, sft_max_steps=6, sft_batch_size=8,
-             sft_warmup_steps=2)
-DEMOS = [(f"{a}+{b}=", str(a + b)) for a in range(10, 20) for b in range(10, 20)]
+MICRO = dict(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32, sft_max_steps=6,
+             sft_batch_size=8, sft_warmup_steps=2)
+DEMOS = [(f"{a}+{b}=", str(a + b), DEFAULT_STYLE) for a in range(10, 20) for b in range(10, 20)]
+WORDY = [("Forecast for Paris: sunny, 21 C. What should I wear?", "A t-shirt.", TurnStyle(role="You advise."))] * 4
 
 
-def test_char_tokenizer_round_trips_and_adds_no_bos():
-    tokenizer = build_char_tokenizer("0123456789+=")
+def test_the_tokenizer_is_byte_level_bpe_with_chatml_and_digits_one_by_one():
+    tokenizer = build_tiny_tokenizer(TinyLMRecipe(), DEMOS + WORDY)
     ids = tokenizer("12+35=", add_special_tokens=False)["input_ids"]
-    assert len(ids) == 6 and tokenizer.bos_token_id not in ids
-    assert tokenizer.decode(ids) == "12+35="
-    assert tokenizer.decode(ids + [tokenizer.eos_token_id], skip_special_tokens=True) == "12+35="
-    assert tokenizer("x", add_special_tokens=False)["input_ids"] == [tokenizer.unk_token_id]
-    assert len(tokenizer) == 16 and tokenizer.padding_side == "left"
+    assert [tokenizer.decode([i]) for i in ids] == ["1", "2", "+", "3", "5", "="]  # digits read one by one
+    words = tokenizer("Forecast for Paris", add_special_tokens=False)["input_ids"]
+    assert len(words) < len("Forecast for Paris") / 2  # real subwords, not characters
+    assert tokenizer.decode(tokenizer("naïve ☃ text never seen", add_special_tokens=False)["input_ids"]) \
+        == "naïve ☃ text never seen"  # byte level: nothing is unknown
+    prompt = tokenizer.apply_chat_template([{"role": "system", "content": "You advise."},
+                                            {"role": "user", "content": "hi"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt == "<|im_start|>system\nYou advise.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.padding_side == "left" and len(tokenizer) <= TinyLMRecipe().vocab_size
 
 
-def test_tokenizer_rejects_repeated_characters():
-    with pytest.raises(ValueError, match="repeats"):
-        build_char_tokenizer("0123455")
+def test_the_tokenizer_is_deterministic():
+    a, b = (build_bpe_tokenizer(["the cat sat on the mat", "SELECT * FROM t;"] * 3, 300) for _ in range(2))
+    assert a.get_vocab() == b.get_vocab()
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
 
 
-def test_default_recipe_is_a_small_llama():
+def test_default_recipe_is_a_small_qwen2_with_a_long_context():
     recipe = TinyLMRecipe()
-    tokenizer = build_char_tokenizer(recipe.alphabet)
-    model = init_tiny_model(recipe, len(tokenizer), 0, 1, 2)
+    tokenizer = build_tiny_tokenizer(recipe, DEMOS)
+    model = init_tiny_model(recipe, tokenizer)
     params = sum(p.numel() for p in model.parameters())
     assert 1_000_000 <= params <= 5_000_000
-    assert type(model).__name__ == "LlamaForCausalLM"
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.config.max_position_embeddings == 2048
+    assert model.generation_config.eos_token_id == [tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                                                    tokenizer.convert_tokens_to_ids("<|endoftext|>")]
 
 
-def test_recipe_key_is_stable_and_sensitive():
-    assert TinyLMRecipe().key() == TinyLMRecipe().key()
-    assert TinyLMRecipe(seed=1).key() != TinyLMRecipe().key()
-    assert TinyLMRecipe(hidden_size=64).key() != TinyLMRecipe().key()
+def test_cache_key_follows_recipe_demonstrations_and_build_code(monkeypatch):
+    base = cache_key(TinyLMRecipe(), DEMOS)
+    assert cache_key(TinyLMRecipe(), list(DEMOS)) == base
+    assert cache_key(TinyLMRecipe(seed=1), DEMOS) != base
+    assert cache_key(TinyLMRecipe(), DEMOS[:-1]) != base
+    assert cache_key(TinyLMRecipe(), [(o, m, TurnStyle(role="x")) for o, m, _ in DEMOS]) != base
+    # a change to the build code is a new key: a cache built by older code is never reused
+    monkeypatch.setattr(tinylm, "build_code_version", lambda: "older-code")
+    assert cache_key(TinyLMRecipe(), DEMOS) != base
 
 
 def test_build_is_deterministic_cached_and_loads_with_auto_classes(tmp_path):
@@ -55,6 +74,7 @@ def test_build_is_deterministic_cached_and_loads_with_auto_classes(tmp_path):
         assert torch.equal(a, b), f"{name} differs between two builds of the same recipe"
     report = json.loads((first / "marl_build.json").read_text())
     assert report["recipe"]["hidden_size"] == 16 and report["sft"]["steps"] == 6
+    assert report["build_code"] == tinylm.build_code_version()
 
     logs.clear()
     again = build_or_load_tiny_model(recipe, DEMOS, cache_dir=tmp_path / "a", log=logs.append)
@@ -62,9 +82,23 @@ def test_build_is_deterministic_cached_and_loads_with_auto_classes(tmp_path):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    auto = AutoModelForCausalLM.from_pretrained(first)
-    assert AutoTokenizer.from_pretrained(first).decode(tokenizer("7=")["input_ids"]) == "7="
+    auto = AutoModelForCausalLM.from_pretrained(first)  # plain transformers, no marl code
+    plain = AutoTokenizer.from_pretrained(first)
+    assert plain.decode(tokenizer("7=")["input_ids"]) == "7=" and plain.chat_template == tokenizer.chat_template
     assert torch.equal(auto.lm_head.weight, model_a.lm_head.weight)
+
+
+def test_the_warm_up_trains_on_chat_rendered_turns_ended_by_im_end(tmp_path, monkeypatch):
+    seen = []
+    real = tinylm.sft_warmup
+    monkeypatch.setattr(tinylm, "sft_warmup", lambda model, tokenizer, demos, *a, **k:
+                        seen.append((tokenizer, demos)) or real(model, tokenizer, demos, *a, **k))
+    build_or_load_tiny_model(TinyLMRecipe(**MICRO), WORDY, cache_dir=tmp_path, log=lambda m: None)
+    tokenizer, demos = seen[0]
+    prompt, answer, end = demos[0]
+    assert prompt == ("<|im_start|>system\nYou advise.<|im_end|>\n<|im_start|>user\nForecast for Paris: sunny, "
+                      "21 C. What should I wear?<|im_end|>\n<|im_start|>assistant\n")
+    assert answer == "A t-shirt." and end == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
 def test_sft_lowers_the_loss_and_stops_at_the_target(tmp_path):
@@ -81,17 +115,21 @@ def test_sft_lowers_the_loss_and_stops_at_the_target(tmp_path):
 
 
 def test_sft_learns_the_demonstrations(micro_policy):
-    from trainers.policy.tinylm import sft_warmup
+    from trainers.policy.tinylm import _sft_batch, sft_warmup
 
     model, tokenizer = micro_policy()
     recipe = TinyLMRecipe(sft_max_steps=60, sft_batch_size=16, sft_warmup_steps=5, sft_lr=3e-3)
-    from trainers.policy.tinylm import _sft_batch
-
-    ids, mask, labels = _sft_batch(tokenizer, DEMOS[:32])
+    pairs = [(o, m) for o, m, _ in DEMOS]
+    ids, mask, labels = _sft_batch(tokenizer, pairs[:32])
     before = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
-    sft_warmup(model, tokenizer, DEMOS, recipe, log=lambda m: None)
+    sft_warmup(model, tokenizer, pairs, recipe, log=lambda m: None)
     after = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
     assert after < 0.7 * before
+
+
+def test_a_build_needs_demonstrations(tmp_path):
+    with pytest.raises(ValueError, match="at least one demonstration"):
+        build_or_load_tiny_model(TinyLMRecipe(**MICRO), [], cache_dir=tmp_path, log=lambda m: None)
 
 
 def test_load_policy_rejects_a_directory_without_a_model(tmp_path):

@@ -64,8 +64,8 @@ def test_an_observation_that_fits_is_exactly_the_templates_text():
 
 
 def test_relay_observations_and_messages_are_never_clipped():
-    """make run is unchanged: relay's observations (<= 18 characters) and 4-token messages of the
-    character model (<= 4 characters) are far below observation_max_chars=32 and action_max_chars=8."""
+    """make run is unchanged: relay's observations (<= 18 characters) are far below observation_max_chars=32,
+    and its 4-token answers (digits, which the tiny model's tokenizer reads one a token) below action_max_chars=8."""
     env = marl.make_env("relay")
     spec = env.scenario.spec
     assert max(a.max_tokens for a in spec.agents) <= spec.action_max_chars
@@ -170,13 +170,26 @@ def test_marl_run_refuses_a_prompt_and_answer_longer_than_the_context_with_exit_
     assert not out.exists()  # refused before anything was made
 
 
-def test_the_tiny_models_positions_are_the_same_check(capsys, tmp_path):
+@pytest.mark.parametrize("name", ["relay", "weather", "text_to_sql", "code_pair", "debate", "negotiation"])
+def test_every_built_in_scenario_fits_the_tiny_models_context(name):
+    from helpers.paths import SCENARIOS
+    from marl.scenario.load import load_scenario
+    from trainers.policy.tinylm import TinyLMRecipe
+    from trainers.run import check_context
+
+    check_context(load_scenario(SCENARIOS / f"{name}.yaml"), TinyLMRecipe().max_positions)  # no RunError
+
+
+def test_the_tiny_model_refuses_a_prompt_past_its_context_before_building(capsys, tmp_path):
     from trainers.cli.main import main
 
-    assert main(["run", "debate", "--out", str(tmp_path / "run")]) == 2
+    cache = tmp_path / "cache"
+    assert main(["run", "debate", "--set", "max_prompt_tokens=2000", "--cache-dir", str(cache),
+                 "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and ("agents.0.max_tokens=128 + observation_max_chars=1024 = 1152 tokens is more "
-                                     "than the 254 positions the embedded character-level tiny model") in err
+    assert err.count("\n") == 0 and ("agents.0.max_tokens=128 + max_prompt_tokens=2000 = 2128 tokens is more "
+                                     "than the model's context of 2048") in err
+    assert not (cache / "models").exists()  # refused before the tiny model was built
 
 
 # -- action tokens the environment never heard -----------------------------------------------------
