@@ -35,6 +35,16 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Model weights' dtype; auto = bfloat16 on a GPU that supports it, float32 otherwise. Logprobs and the
 loss are computed in float32 whatever the weights' dtype (as TRL does)."""
 
+ATTENTIONS = ("auto", "eager", "sdpa", "flash_attention_2")
+"""The models' attention kernels (transformers' attn_implementation); auto keeps what the model loads with
+(sdpa for most architectures). flash_attention_2 needs the flash-attn package and a CUDA device."""
+
+PACKINGS = ("auto", "shared_prompt", "per_row")
+"""How the training forward lays out a batch: shared_prompt = each prompt once, its rows after it, under a
+block mask (S x L x L) built by marl; per_row = every row its own segment, positions restarting, no mask
+passed (a varlen kernel such as flash attention runs it with nothing L x L); auto = per_row under flash
+attention, else shared_prompt."""
+
 CHAT_TEMPLATE_MODES = ("auto", "none")
 """How an agent's turn becomes a prompt: auto = the policy's chat template when its tokenizer has one
 (role as the system message, observation as the user message), else the plain observation; none = the

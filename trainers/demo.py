@@ -147,15 +147,29 @@ def run_demo(config: DemoConfig, log=print) -> dict:
 
     from trainers.runs.rundir import ensure_writable, failed_writes_stop_the_run
 
-    from trainers.policy.loading import placement
+    from trainers.policy.loading import placement, set_attention
 
     torch.set_num_threads(config.grpo.threads)
-    device, dtype = placement(config.grpo.device, config.grpo.dtype)  # checked before anything is built
+    device, dtype = placement(config.grpo.device, config.grpo.dtype, section="grpo")  # checked before anything is built
+    if config.model:  # a directory that does not load is refused before the run directory is made
+        from judges.model.chat import check_model_dir
+        from trainers.policy.loading import ModelLoadError
+
+        problem = check_model_dir(Path(config.model))
+        if problem is not None:
+            raise ModelLoadError(f"--model: {problem}")
     out = Path(config.out)
+    made = not out.exists()
     ensure_writable(out)
     splits = addition_splits(seed=0)
-    path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
-    model, tokenizer = load_policy(path, device=device, dtype=dtype)
+    try:
+        path = Path(config.model) if config.model else demo_policy(splits, config.cache_dir, log)
+        model, tokenizer = load_policy(path, device=device, dtype=dtype)
+        set_attention(model, config.grpo.attention, "grpo")
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing was written: a refused demo leaves no empty run directory behind
+        raise
     splits = chat_splits(splits, tokenizer)
     trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, config.grpo,
                           progress_fn=addition_progress)

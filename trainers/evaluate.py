@@ -23,7 +23,8 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     from trainers.policy.actors import build_actors
     from trainers.policy.loading import placement
     from trainers.policy.tinylm import load_policy
-    from trainers.run import base_model_dir
+    from trainers.policy.prompts import directory_context
+    from trainers.run import base_model_dir, check_context
     from trainers.runs.checkpoint import CheckpointError
 
     trained = checkpoint_models(checkpoint) if checkpoint is not None else {}
@@ -40,8 +41,10 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
         base = base_model_dir(scenario, cache_dir, log)
     elif on_base:  # every base-model actor is in the checkpoint: build from one of its models, not the base
         base = trained.get("shared", trained[min(on_base)])
+    if base is not None:  # as `marl run` checks it: a prompt and answer past the model's context is one line
+        check_context(scenario, directory_context(base))
     train = scenario.spec.train
-    device, dtype = placement(train.device, train.dtype)  # the scenario's train.device and train.dtype
+    device, dtype = placement(train.device, train.dtype, purpose="evaluate")  # the scenario's settings
     actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
                                  adapters={key: d for key, d in adapters.items() if key in on_base},
                                  device=device, dtype=dtype)

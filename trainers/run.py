@@ -58,7 +58,7 @@ def prepare(options: RunOptions, log=print):
         check_context(scenario, directory_context(base))
     actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
                                  device=device, dtype=dtype)  # loaded straight onto train.device in train.dtype
-    place_actors(actors, device, dtype)  # and anything not loaded there (a no-op on the CPU in float32)
+    place_actors(actors, device, dtype, train.attention)  # anything not loaded there; the attention kernels
     config = grpo_config(scenario)
     selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
     trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)
@@ -124,18 +124,21 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
     spec, recipe = scenario.spec, TinyLMRecipe()
     check_context(scenario, recipe.max_positions)  # before the build, not after it
     train_tasks, _ = scenario.split()
-    if spec.expert is None:
-        raise RunError(f"train.model 'tiny': scenario {spec.name!r} has no expert, so a tiny model for it cannot "
-                       "be warmed up; add `expert: module:function` or set train.model to a Hugging Face model "
-                       "directory")
     styles = agent_styles(spec)
-    demonstrations = [(observation, message, styles[agent])
-                      for agent, observation, message in expert_turns(scenario, train_tasks)]
+    if spec.expert is not None:
+        demonstrations = [(observation, message, styles[agent])
+                          for agent, observation, message in expert_turns(scenario, train_tasks)]
+    else:  # no expert: what the tasks show is all we know of the scenario's texts
+        demonstrations = [(task.prompt, task.answer or "", DEFAULT_STYLE) for task in train_tasks]
     texts = {ch for observation, message, _ in demonstrations for ch in observation + message}
     if texts <= set(ALPHABET) and all(style == DEFAULT_STYLE for style in styles.values()):
         from trainers.demo import demo_policy
 
         return demo_policy(addition_splits(seed=0), cache_dir, log)
+    if spec.expert is None:
+        raise RunError(f"train.model 'tiny': scenario {spec.name!r} has no expert, so a tiny model for it cannot "
+                       "be warmed up; add `expert: module:function` or set train.model to a Hugging Face model "
+                       "directory")
     warmup = spec.train.warmup.resolved()  # the tiny model's SFT settings: a fixed budget of steps
     recipe = TinyLMRecipe(sft_max_steps=max(1, warmup.sft_max_steps), sft_lr=warmup.sft_lr,
                           sft_batch_size=warmup.sft_batch_size, sft_target_accuracy=2.0)

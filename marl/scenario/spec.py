@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from marl.options import (ABSENT_MODES, CHAT_TEMPLATE_MODES, DEVICES, DTYPES, CREDIT_ESTIMATORS, CREDIT_METHODS, LOSS_TYPES, LR_SCHEDULES, SCALE_MODES,
-                          STAGES, TRACKERS)
+from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
+                          DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SCALE_MODES, STAGES, TRACKERS)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
@@ -350,6 +350,13 @@ class GRPOKnobs(Strict):
     max_tokens_per_microbatch: int | None = Field(None, ge=1, description="token budget of one training forward; "
                                                   "the batch is split and gradients accumulated (same loss and "
                                                   "gradient); none = the whole batch at once")
+    attention: Literal[ATTENTIONS] = Field("auto", description="attention kernels: auto (as the model loads, sdpa "
+                                                               "for most), eager, sdpa or flash_attention_2 (needs "
+                                                               "flash-attn and CUDA)")
+    packing: Literal[PACKINGS] = Field("auto", description="training forward layout: shared_prompt (each prompt "
+                                                           "once, under a block mask), per_row (a segment per row, "
+                                                           "no mask: varlen kernels), auto (per_row under flash "
+                                                           "attention, else shared_prompt)")
 
 
 DERIVED_KNOBS = {

@@ -24,7 +24,7 @@ def _marl(*args, cwd=None, wandb_home=None):
     (["--set", "grpo.loss_type=ppo"], "loss_type='ppo'"),
     (["--set", "grpo.group_size=1"], "group_size=1"),
     (["--set", "lr"], "expected KEY=VALUE"),
-    (["--model", "/nonexistent/model"], "not a Hugging Face model directory"),
+    (["--model", "/nonexistent/model"], "--model: /nonexistent/model is not a directory; pass a directory written by"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, message, tmp_path):
     result = _marl("demo", "--out", str(tmp_path / "run"), *args)

@@ -92,3 +92,30 @@ def test_a_model_directory_without_weights_is_one_line(real_model_dirs, tmp_path
             (tmp_path / "noweights" / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
     line = one_error_line(_marl(*command, "--out", str(tmp_path / "out"), cwd=tmp_path))
     assert f"{tmp_path / 'noweights'} does not load as a causal LM" in line and "save_pretrained" in line
+
+
+def test_demo_refuses_a_tokenizer_without_pad_or_eos_and_leaves_no_run_directory(real_model_dirs, tmp_path, capsys):
+    from trainers.cli.main import main
+
+    broken = broken_model_dir(real_model_dirs["llama"], tmp_path / "no_eos", "no_eos")
+    out = tmp_path / "out"
+    assert main(["demo", "--model", str(broken), "--steps", "1", "--tracker", "none", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.endswith(f"--model: {broken}: the tokenizer has neither a pad token nor an eos token; set "
+                        "tokenizer.eos_token (and optionally pad_token) and save the tokenizer again")
+    assert not out.exists()  # refused before the run directory was made
+
+
+def test_a_demo_whose_model_fails_to_load_leaves_no_empty_run_directory(real_model_dirs, tmp_path, capsys):
+    from trainers.cli.main import main
+
+    noweights = tmp_path / "noweights"
+    noweights.mkdir()
+    for name in os.listdir(real_model_dirs["qwen2"]):
+        if name.endswith(".json") or name.endswith(".txt"):
+            (noweights / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
+    out = tmp_path / "out"
+    assert main(["demo", "--model", str(noweights), "--steps", "1", "--tracker", "none", "--out", str(out)]) == 2
+    assert "does not load as a causal LM" in capsys.readouterr().err
+    assert not out.exists()

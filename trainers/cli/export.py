@@ -36,6 +36,9 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Resolve PATH, write each model directory under --out, print what went where."""
     quiet_libraries()
+    if args.base is not None and not args.merge:  # a copied adapter keeps the base it names: --base would be ignored
+        raise UsageError(f"--base {args.base}: only --merge uses a base (a copied adapter keeps the one it names in "
+                         "adapter_config.json); add --merge, or drop --base")
     with usage_errors(*training_errors()):
         models = exported_models(Path(args.path))
         out = Path(args.out)

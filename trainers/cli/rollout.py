@@ -15,7 +15,7 @@ import statistics
 
 from pathlib import Path
 
-from trainers.cli.common import add_play_arguments, setup_play, usage_errors
+from trainers.cli.common import UsageError, add_play_arguments, setup_play, usage_errors
 
 
 def add_parser(commands) -> None:
@@ -27,6 +27,8 @@ def add_parser(commands) -> None:
         if action.dest == "policy":
             action.help = ("expert, null, random, module:function, or a model directory (a Hugging Face causal LM, "
                            "e.g. a checkpoint's model/; it plays every agent at temperature 0)")
+    rollout.add_argument("--base", metavar="DIR", help="with --policy ADAPTER_DIR: its base model directory (default: "
+                                                       "the one the adapter names)")
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
     rollout.set_defaults(handler=run)
@@ -40,9 +42,18 @@ def run(args) -> int:
         if is_model_directory(args.policy):
             # the scenario, env and tasks as for any policy ('null' always exists), then the model in its place
             scenario, _, env, tasks = setup_play(args.file, args.set, "null", args.seed, args.episodes)
-            policy = ModelPolicy.load(args.policy, scenario)
+            policy = ModelPolicy.load(args.policy, scenario, args.base)
         else:
-            scenario, policy, env, tasks = setup_play(args.file, args.set, args.policy, args.seed, args.episodes)
+            if args.base is not None:
+                raise UsageError(f"--base {args.base}: only for --policy ADAPTER_DIR (a LoRA adapter directory); "
+                                 "drop --base")
+            try:
+                scenario, policy, env, tasks = setup_play(args.file, args.set, args.policy, args.seed, args.episodes)
+            except ValueError as error:  # rollout also plays a model directory: say so where the policy is unknown
+                if str(error).startswith("unknown policy"):
+                    raise UsageError(f"{error}, or a model directory (a path to a Hugging Face causal LM or a "
+                                     "LoRA adapter)") from None
+                raise
         means = []
         for index, task in enumerate(tasks):
             result = rollout(env, policy, task=task, seed=args.seed + index)
@@ -72,8 +83,9 @@ class ModelPolicy:
         self.actor, self.max_tokens = actor, max_tokens
 
     @classmethod
-    def load(cls, directory: str, scenario) -> "ModelPolicy":
-        """Check the directory (ValueError, one line), then load it as every agent's actor."""
+    def load(cls, directory: str, scenario, base: str | None = None) -> "ModelPolicy":
+        """Check the directory (ValueError, one line), then load it as every agent's actor (an adapter
+        on `base`, else on the base it names)."""
         import torch
 
         from judges.model.chat import check_model_dir
@@ -87,8 +99,10 @@ class ModelPolicy:
         quiet_libraries()
         if is_adapter_dir(directory):  # a LoRA run's checkpoint: the adapter on the base it names
             torch.set_num_threads(scenario.spec.train.threads)
-            model, tokenizer = load_adapter_dir(directory)
+            model, tokenizer = load_adapter_dir(directory, base)
         else:
+            if base is not None:
+                raise ValueError(f"--base {base}: only for a LoRA adapter directory, and {directory} is a full model")
             problem = check_model_dir(directory)
             if problem is not None:
                 raise ValueError(f"--policy {problem}")

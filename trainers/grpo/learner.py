@@ -94,8 +94,10 @@ class PolicyLearner:
             return self.keep_clock()
         rows, row_adv, weights, scale = compact
         parts = microbatches(rows, row_adv, weights, cfg.max_tokens_per_microbatch, cfg.loss_type)
-        old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature) for p in parts]
-        ref = None if self.reference is None else [_no_grad_logprobs(self.reference, p.rows, cfg.temperature)
+        old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing)
+                                        for p in parts]
+        ref = None if self.reference is None else [_no_grad_logprobs(self.reference, p.rows, cfg.temperature,
+                                                                     cfg.packing)
                                                    for p in parts]
         for _ in range(cfg.mu):
             self.optimizer.zero_grad(set_to_none=True)
@@ -116,7 +118,7 @@ class PolicyLearner:
         cfg, total, results = self.config, 0.0, []
         for index, part in enumerate(parts):
             with training_forward(self.model, cfg.gradient_checkpointing):
-                logprobs = completion_logprobs(self.model, part.rows, cfg.temperature)
+                logprobs = completion_logprobs(self.model, part.rows, cfg.temperature, packing=cfg.packing)
                 loss, stats = policy_loss(logprobs, None if old is None else old[index],
                                           None if ref is None else ref[index], part.advantages,
                                           part.rows.completion_mask, loss_type=cfg.loss_type,
@@ -212,8 +214,8 @@ def frozen_copy(model):
 
 
 @torch.no_grad()
-def _no_grad_logprobs(model, completions: Completions, temperature: float) -> torch.Tensor:
-    return completion_logprobs(model, completions, temperature)
+def _no_grad_logprobs(model, completions: Completions, temperature: float, packing: str = "auto") -> torch.Tensor:
+    return completion_logprobs(model, completions, temperature, packing=packing)
 
 
 # -- bounded memory: micro-batches with gradient accumulation, gradient checkpointing -------------------

@@ -132,7 +132,8 @@ def check_base(adapter_dir: Path, base_dir: Path, fingerprint: str) -> None:
         raise AdapterBaseError(
             f"adapter {adapter_dir} was trained on base {recorded.get('base_model_dir')} (fingerprint "
             f"{recorded['base_fingerprint'][:12]}), not on {base_dir} (fingerprint {fingerprint[:12]}); "
-            "use the base it was trained on (train.model, or --base)")
+            "use the base it was trained on (train.model for marl run and eval; --base DIR for marl serve, export "
+            "and rollout)")
 
 
 def _recorded_base(adapter_dir: Path) -> dict:

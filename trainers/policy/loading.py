@@ -41,16 +41,17 @@ def _mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
-def resolve_device(name: str = "auto") -> str:
-    """The device to run on: `auto` = cuda when torch sees one, else mps, else cpu; a named device must exist."""
+def resolve_device(name: str = "auto", section: str = "train") -> str:
+    """The device to run on: `auto` = cuda when torch sees one, else mps, else cpu; a named device must
+    exist. Errors name the setting `{section}.device` (train for a scenario, grpo for the demo)."""
     if name not in DEVICES:
-        raise PlacementError(f"train.device={name!r} is not one of {', '.join(DEVICES)}; use auto or cpu")
+        raise PlacementError(f"{section}.device={name!r} is not one of {', '.join(DEVICES)}; use auto or cpu")
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise PlacementError("train.device=cuda but torch sees no CUDA device; use cpu or auto")
+        raise PlacementError(f"{section}.device=cuda but torch sees no CUDA device; use cpu or auto")
     if name == "mps" and not _mps_available():
-        raise PlacementError("train.device=mps but torch sees no MPS (Apple GPU) device; use cpu or auto")
+        raise PlacementError(f"{section}.device=mps but torch sees no MPS (Apple GPU) device; use cpu or auto")
     return name
 
 
@@ -67,30 +68,32 @@ def _supports_bfloat16(device: str) -> bool:
     return True
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
+def resolve_dtype(name: str, device: str, section: str = "train", purpose: str = "train") -> torch.dtype:
     """The weights' dtype on `device`: `auto` = bfloat16 on a GPU that supports it, else float32.
 
     float16 is refused on the CPU (no training kernels worth having and no loss scaling there), and
-    bfloat16 on a GPU without it; logprobs and the loss are float32 whatever the weights are.
+    bfloat16 on a GPU without it; logprobs and the loss are float32 whatever the weights are. Errors
+    name the setting `{section}.dtype` and what cannot be done (`purpose`: train, evaluate).
     """
     if name not in DTYPES:
-        raise PlacementError(f"train.dtype={name!r} is not one of {', '.join(DTYPES)}; use auto or float32")
+        raise PlacementError(f"{section}.dtype={name!r} is not one of {', '.join(DTYPES)}; use auto or float32")
     kind = torch.device(device).type
     if name == "auto":
         return torch.bfloat16 if kind in ("cuda", "mps") and _supports_bfloat16(device) else torch.float32
     if name == "float16" and kind == "cpu":
-        raise PlacementError("train.dtype=float16 cannot train on the cpu (no half-precision kernels or loss "
-                             "scaling there); use float32 or bfloat16, or train.device=cuda")
+        raise PlacementError(f"{section}.dtype=float16 cannot {purpose} on the cpu (no half-precision kernels or "
+                             f"loss scaling there); use float32 or bfloat16, or {section}.device=cuda")
     if name == "bfloat16" and not _supports_bfloat16(device):
-        raise PlacementError(f"train.dtype=bfloat16 but this {kind} device has no bfloat16 support; "
+        raise PlacementError(f"{section}.dtype=bfloat16 but this {kind} device has no bfloat16 support; "
                              "use float16 or float32")
     return DTYPE_NAMES[name]
 
 
-def placement(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
-    """(device, dtype) from the `train.device` and `train.dtype` settings, checked (PlacementError)."""
-    resolved = resolve_device(device)
-    return resolved, resolve_dtype(dtype, resolved)
+def placement(device: str = "auto", dtype: str = "auto", *, section: str = "train",
+              purpose: str = "train") -> tuple[str, torch.dtype]:
+    """(device, dtype) from the `{section}.device` and `{section}.dtype` settings, checked (PlacementError)."""
+    resolved = resolve_device(device, section)
+    return resolved, resolve_dtype(dtype, resolved, section, purpose)
 
 
 def _as_dtype(dtype) -> torch.dtype:
@@ -143,18 +146,36 @@ def compute_dtype(model) -> torch.dtype:
     return weight.dtype if weight is not None else next(model.parameters()).dtype
 
 
-def place_actors(actors: dict, device: str, dtype: str | torch.dtype) -> None:
+def set_attention(model, name: str = "auto", section: str = "train") -> None:
+    """Switch a model's attention kernels to `name` (marl.options.ATTENTIONS; auto leaves them), or
+    PlacementError in one line when this machine cannot run them (flash_attention_2 without flash-attn
+    or CUDA). A LoRA AdapterPolicy switches its shared base."""
+    if name == "auto":
+        return
+    target = getattr(getattr(model, "owner", None), "peft", model)  # an AdapterPolicy: its peft model
+    if not hasattr(target, "set_attn_implementation"):
+        target = getattr(target, "base_model", target)
+    try:
+        target.set_attn_implementation(name)
+    except (ImportError, ValueError, RuntimeError, AttributeError) as error:
+        reason = " ".join(str(error).split())[:160]
+        raise PlacementError(f"{section}.attention={name}: this model or machine cannot use it ({reason}); use auto, "
+                             "sdpa or eager") from None
+
+
+def place_actors(actors: dict, device: str, dtype: str | torch.dtype, attention: str = "auto") -> None:
     """Move every model-backed actor's model to `device` in `dtype`, in place.
 
     A moved actor's sampling generator is remade on the new device from the same seed (nothing has been
     drawn from it yet when a run places its actors); a model already there is left untouched, so on the
-    CPU in float32 this changes nothing.
+    CPU in float32 this changes nothing. `attention` (train.attention) switches every model's kernels.
     """
     dtype = _as_dtype(dtype)
     for actor in actors.values():
         model = getattr(actor, "model", None)
         if model is None:
             continue
+        set_attention(model, attention)
         if compute_dtype(model) != dtype:
             model.to(dtype=dtype)
         if not _same_device(model_device(model), torch.device(device)):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from marl.options import PACKINGS
 from trainers.policy.loading import compute_dtype, model_device
 
 @dataclass
@@ -176,13 +177,18 @@ class _Pack:
     targets: list[tuple[int, int, int, int]]  # (row, step, sequence, index of the logits that predict it)
 
 
-def pack_completions(completions: Completions, pack_tokens: int = 1024) -> _Pack:
+def pack_completions(completions: Completions, pack_tokens: int = 1024, *, share_prompts: bool = True) -> _Pack:
     """Lay rows out as packed sequences: each prompt once, followed by its rows' completions.
 
     A row's completion attends to its prompt and to its own earlier tokens only (see `_pack_mask`),
     so one forward over the pack gives every row's logprobs with no padding waste and no prompt
     computed twice. A sequence holds at most `pack_tokens` tokens (a prompt whose rows need more is
     repeated in the next sequence), which bounds the (L x L) attention mask.
+
+    `share_prompts=False` is the per-row layout: every row is its own segment, its prompt then its
+    completion, positions restarting at 0, so plain causal attention within each segment is exact and
+    no mask is needed (transformers finds the segments from the positions: a varlen kernel for flash
+    attention, its own packed mask otherwise).
     """
     lengths = completions.completion_mask.sum(-1).clamp(min=1).tolist()
     by_prompt: dict[int, list[int]] = {}
@@ -196,7 +202,7 @@ def pack_completions(completions: Completions, pack_tokens: int = 1024) -> _Pack
         block_open = False
         for row in prompt_rows:
             needed = lengths[row] - 1  # the last token is predicted, never fed
-            if not (block_open and len(pack.ids[-1]) + needed <= pack_tokens):
+            if not (block_open and share_prompts and len(pack.ids[-1]) + needed <= pack_tokens):
                 if not pack.ids or len(pack.ids[-1]) + len(prompt) + needed > pack_tokens:
                     for column in (pack.ids, pack.positions, pack.blocks, pack.rows):
                         column.append([])
@@ -281,30 +287,45 @@ def _head_only_at(model, sequence: torch.Tensor, index: torch.Tensor):
             handle.remove()
 
 
+def resolve_packing(model, packing: str = "auto") -> str:
+    """The training forward's layout: `auto` is per_row when the model runs flash attention (a varlen
+    kernel: segments need no mask at all), else shared_prompt (each prompt computed once)."""
+    if packing not in PACKINGS:
+        raise ValueError(f"packing {packing!r}: expected one of {', '.join(PACKINGS)}")
+    if packing != "auto":
+        return packing
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    return "per_row" if "flash" in implementation else "shared_prompt"
+
+
 def completion_logprobs(model, completions: Completions, temperature: float = 1.0,
-                        pack_tokens: int = 1024) -> torch.Tensor:
+                        pack_tokens: int = 1024, packing: str = "auto") -> torch.Tensor:
     """Per-token logprobs (N, C) of the completions under `model` at logits / temperature, in float32.
 
-    Differentiable; one forward over packed sequences (`pack_completions`), so each prompt runs
-    once and padding costs nothing; the LM head runs only at the positions that predict a completion
-    token (`_head_only_at`), and the log-softmax is taken in float32 whatever the weights' dtype (as
-    TRL does). Positions past a row's length are 0; callers use the mask.
+    Differentiable; one forward over packed sequences (`pack_completions`), so padding costs nothing;
+    the LM head runs only at the positions that predict a completion token (`_head_only_at`), and the
+    log-softmax is taken in float32 whatever the weights' dtype (as TRL does). Positions past a row's
+    length are 0; callers use the mask. `packing` (`resolve_packing`): shared_prompt runs each prompt
+    once under a block mask built here (S x L x L); per_row lays each row out as its own segment and
+    passes no mask, so flash attention runs it as variable-length sequences and nothing L x L exists.
     """
-    pack = pack_completions(completions, pack_tokens)
+    shared = resolve_packing(model, packing) == "shared_prompt"
+    pack = pack_completions(completions, pack_tokens, share_prompts=shared)
     width = max(len(ids) for ids in pack.ids)
     device = model_device(model)
 
     def padded(column, fill):
         return torch.tensor([values + [fill] * (width - len(values)) for values in column], device=device)
 
-    dtype = compute_dtype(model)
-    mask = _pack_mask(padded(pack.blocks, -1), padded(pack.rows, -1), dtype)
+    # per row: padding gets positions 0, 1, ... so that it is a segment of its own, seen by nothing
+    positions_in = padded(pack.positions, 0) if shared else torch.tensor(
+        [values + list(range(width - len(values))) for values in pack.positions], device=device)
+    mask = _pack_mask(padded(pack.blocks, -1), padded(pack.rows, -1), compute_dtype(model)) if shared else None
     row, step, sequence, index = (torch.tensor(column, device=device) for column in zip(*pack.targets))
     # the G rows of a prompt are all predicted from its last token: one head row serves them all
     positions, inverse = torch.unique(sequence * width + index, return_inverse=True)
     with _head_only_at(model, positions // width, positions % width) as gathered:
-        out = model(input_ids=padded(pack.ids, 0), attention_mask=mask, position_ids=padded(pack.positions, 0),
-                    use_cache=False)
+        out = model(input_ids=padded(pack.ids, 0), attention_mask=mask, position_ids=positions_in, use_cache=False)
     logits = gathered(out.logits)[inverse].float()
     if temperature != 1.0:  # x / 1 == x exactly: skip one (tokens x vocabulary) copy
         logits = logits / temperature

@@ -165,6 +165,11 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
              if plan.sft_max_steps > 0 and not math.isnan(start[name]) and start[name] < settings.format_target]
     # one tiny-model learner prints what it always printed; several learners or pretrained ones add a line each
     each = len(plans) > 1 or any(is_pretrained(scenario, name) for name in plans)
+    if not needs and math.isnan(before):  # nothing scores the format (e.g. negotiation): nothing to warm up on
+        log("warm-up: the scenario has no format scorers (rewards.format), so format compliance is not measured; "
+            "no SFT")
+        _log_learners(report["learners"], settings.format_target, each, log)
+        return report
     if not needs:
         log(f"warm-up: format compliance {before:.2f} (target {settings.format_target}); no SFT needed")
         _log_learners(report["learners"], settings.format_target, each, log)
@@ -179,7 +184,8 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     report["format_after"], end = learner_compliance(trainer.player, probe, agents_of)
     for name in plans:
         report["learners"][name]["format_after"] = end[name]
-    log(f"warm-up: format compliance {report['format_after']:.2f} after {report['sft_steps']} SFT steps")
+    over = f" in all, over {len(needs)} learners" if len(needs) > 1 else ""  # each learner's own line follows
+    log(f"warm-up: format compliance {report['format_after']:.2f} after {report['sft_steps']} SFT steps{over}")
     _log_learners(report["learners"], settings.format_target, each, log)
     return report
 

@@ -433,9 +433,10 @@ def resume_fingerprint(spec) -> dict:
 
 
 def _differences(saved, current, path: str = "") -> list[str]:
-    """'key.path: saved -> current' for every leaf that differs."""
+    """'key.path: saved -> current' for every leaf that differs. A key the checkpoint does not have is a
+    setting added to marl since it was written (e.g. train.packing): not a change, so an upgrade can resume."""
     if isinstance(saved, dict) and isinstance(current, dict):
-        return [line for key in sorted(set(saved) | set(current))
+        return [line for key in sorted(set(saved) | set(current)) if key in saved
                 for line in _differences(saved.get(key), current.get(key), f"{path}.{key}" if path else key)]
     return [] if saved == current else [f"{path}: {saved!r} -> {current!r}"]
 

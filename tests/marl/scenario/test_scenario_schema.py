@@ -122,6 +122,9 @@ def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
     (["rollout", "no_such_scenario"], "no scenario file 'no_such_scenario'"),
     (["credit", "debate", "--episodes", "1"], "credit splits a team reward"),
     (["rollout", "relay", "--policy", "clever"], "unknown policy 'clever'"),
+    (["rollout", "relay", "--policy", "clever"], "or a model directory (a path to a Hugging Face causal LM"),
+    (["credit", "relay", "--policy", "clever"], "unknown policy 'clever': use expert, null, random or a "
+                                               "'module:function'"),
 ])
 def test_play_commands_report_bad_input_in_one_line(args, message):
     result = subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True)

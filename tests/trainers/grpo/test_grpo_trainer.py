@@ -205,12 +205,15 @@ def test_training_raises_held_out_greedy_accuracy(demo_model_dir, addition):
     from trainers.grpo.evaluate import accuracy
     from trainers.policy.tinylm import load_policy
 
+    from trainers.demo import chat_splits
+
     model, tokenizer = load_policy(demo_model_dir)
-    before = accuracy(model, tokenizer, addition.eval, addition_reward)
-    trainer = GRPOTrainer(model, tokenizer, addition.train, addition_reward, GRPOConfig(steps=40, seed=0),
+    splits = chat_splits(addition, tokenizer)  # each problem a chat turn, as the demo and marl run render it
+    before = accuracy(model, tokenizer, splits.eval, addition_reward)
+    trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, GRPOConfig(steps=40, seed=0),
                           progress_fn=addition_progress)
     history = trainer.train()
-    after = accuracy(model, tokenizer, addition.eval, addition_reward)
+    after = accuracy(model, tokenizer, splits.eval, addition_reward)
     assert 0.2 <= before <= 0.8  # the warm-up leaves room to learn
     assert after >= before + 0.05, (before, after)
     first, last = (sum(h["train/reward"] for h in part) / 5 for part in (history[:5], history[-5:]))

@@ -11,6 +11,7 @@ tokenizer) and the micro policy, all float32:
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -196,3 +197,64 @@ def test_a_lora_adapter_micro_batches_and_checkpoints_to_the_same_gradient(real_
     (loss, expected), (other, actual) = results
     assert other == pytest.approx(loss, abs=1e-6)
     _assert_close(expected, actual)
+
+
+# -- the per-row layout: no mask built, for varlen (flash) attention ------------------------------------------
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_per_row_layout_passes_no_mask_and_gives_the_plain_logprobs(real_model_dirs, architecture,
+                                                                         implementation):
+    model, tokenizer = load_policy(real_model_dirs[architecture])
+    model.set_attn_implementation(implementation)
+    completions, _ = _batch(model, tokenizer)
+    masks = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
+                                             with_kwargs=True)
+    try:
+        per_row = completion_logprobs(model, completions, packing="per_row")
+        shared = completion_logprobs(model, completions, packing="shared_prompt")
+    finally:
+        handle.remove()
+    assert masks[0] is None and masks[1].dim() == 4  # per row: transformers finds the segments from the positions
+    plain = full_sequence_logprobs(model, completions) * completions.completion_mask
+    torch.testing.assert_close(per_row, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_both_layouts_give_the_same_loss_and_gradient(real_models, architecture):
+    model, tokenizer = real_models[architecture]
+    completions, advantages = _batch(model, tokenizer)
+    shared, expected = _gradients(model, completions, advantages, packing="shared_prompt", beta=0.04)
+    per_row, actual = _gradients(model, completions, advantages, packing="per_row", beta=0.04,
+                                 max_tokens_per_microbatch=24)
+    assert per_row["loss"] == pytest.approx(shared["loss"], abs=1e-6)
+    _assert_close(expected, actual)
+
+
+def test_auto_packing_is_per_row_under_flash_attention_only(real_models):
+    from trainers.policy.sampling import resolve_packing
+
+    model, _ = real_models["qwen2"]
+    assert resolve_packing(model) == "shared_prompt" and resolve_packing(model, "per_row") == "per_row"
+    flash = copy.deepcopy(model)
+    flash.config._attn_implementation = "flash_attention_2"  # what loading with flash-attn sets; no kernel runs here
+    assert resolve_packing(flash) == "per_row" and resolve_packing(flash, "shared_prompt") == "shared_prompt"
+    with pytest.raises(ValueError, match="packing 'rows'"):
+        resolve_packing(model, "rows")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None,
+                    reason="this machine can run flash attention")
+def test_an_attention_the_machine_lacks_is_one_line_before_training(tmp_path, capsys):
+    from trainers.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["run", "relay", "--set", "train.attention=flash_attention_2", "--tracker", "none",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "train.attention=flash_attention_2: this model or machine cannot use it" in err and "use auto" in err
+    assert not (out / "metrics.jsonl").exists()

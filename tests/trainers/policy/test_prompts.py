@@ -49,16 +49,25 @@ class ForcedTokens:
         return output
 
 
-def test_the_char_tokenizer_has_no_template_so_its_prompts_are_the_raw_observation(micro_policy, demo_model_dir):
+def test_a_tokenizer_without_a_template_gets_the_raw_observation(micro_policy):
+    from trainers.policy.prompts import TurnStyle, turn_prompt
+
+    _, tokenizer = micro_policy()
+    assert not getattr(tokenizer, "chat_template", None)
+    assert turn_prompt(tokenizer, "12+35=", TurnStyle(ROLE, "auto")) == "12+35="
+    assert turn_prompt(tokenizer, "", TurnStyle(ROLE)) == " "  # an empty observation is one space
+
+
+def test_the_embedded_default_model_has_a_chatml_template_and_renders_relays_turns_with_it(demo_model_dir):
     from transformers import AutoTokenizer
 
     from trainers.policy.prompts import TurnStyle, turn_prompt
 
-    _, tokenizer = micro_policy()
-    for tok in (tokenizer, AutoTokenizer.from_pretrained(demo_model_dir)):
-        assert not getattr(tok, "chat_template", None)
-        assert turn_prompt(tok, "12+35=", TurnStyle(ROLE, "auto")) == "12+35="
-        assert turn_prompt(tok, "", TurnStyle(ROLE)) == " "  # as before: an empty observation is one space
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)  # plain transformers reads the template
+    assert "<|im_start|>" in tokenizer.chat_template
+    assert turn_prompt(tokenizer, "12+35=") == "<|im_start|>user\n12+35=<|im_end|>\n<|im_start|>assistant\n"
+    assert turn_prompt(tokenizer, "12+35=", TurnStyle(ROLE)).startswith(f"<|im_start|>system\n{ROLE}<|im_end|>")
+    assert turn_prompt(tokenizer, "12+35=", TurnStyle(ROLE, "none")) == "12+35="
 
 
 def test_the_char_model_acts_on_the_raw_observation_and_stops_at_its_eos(micro_policy):

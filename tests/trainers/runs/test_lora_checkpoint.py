@@ -149,6 +149,9 @@ def test_export_merge_writes_a_standalone_model_equal_to_the_adapter(bases, tmp_
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x"), "--merge",
                  "--base", str(bases[1])]) == 2
     assert "not on" in capsys.readouterr().err
+    # --base without --merge would be ignored (a copied adapter keeps its own base): refused, nothing written
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "y"), "--base", str(bases[1])]) == 2
+    assert "only --merge uses a base" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
 def test_marl_rollout_plays_an_adapter_directory(bases, tmp_path, capsys):
@@ -159,6 +162,15 @@ def test_marl_rollout_plays_an_adapter_directory(bases, tmp_path, capsys):
     assert main(["rollout", "relay", "--policy", str(checkpoint / "model-left"), "--episodes", "1", "--quiet",
                  *overrides]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
+    # --base names the base explicitly (the one it was trained on plays; another is refused in one line)
+    assert main(["rollout", "relay", "--policy", str(checkpoint / "model-left"), "--base", str(bases[0]),
+                 "--episodes", "1", "--quiet", *overrides]) == 0
+    capsys.readouterr()
+    assert main(["rollout", "relay", "--policy", str(checkpoint / "model-left"), "--base", str(bases[1]),
+                 "--episodes", "1", "--quiet", *overrides]) == 2
+    assert "--base DIR for marl serve, export and rollout" in capsys.readouterr().err
+    assert main(["rollout", "relay", "--policy", "expert", "--base", str(bases[0]), "--episodes", "1"]) == 2
+    assert "only for --policy ADAPTER_DIR" in capsys.readouterr().err
 
 
 def test_serving_an_adapter_serves_it_merged(bases, tmp_path):

@@ -134,6 +134,7 @@ def test_two_learners_stop_on_their_own_compliance(micro_dir, monkeypatch):
     assert not any(_same(before[name], trainer.actors[name].model) for name in trainer.learners)
     assert "  learner shared: format compliance 0.20 -> 0.95 after 25 SFT steps (lr 0.001, at most 300)" in lines
     assert "  learner final: format compliance 0.10 -> 0.92 after 75 SFT steps (lr 0.001, at most 300)" in lines
+    assert any(line.endswith("after 100 SFT steps in all, over 2 learners") for line in lines)  # a sum, said so
 
 
 def test_one_learner_skips_while_the_other_trains(micro_dir, monkeypatch):
@@ -203,3 +204,14 @@ def test_full_fine_tuning_of_a_pretrained_model_trains_every_weight(real_model_d
     changed = [n for n, p in trainer.actors["shared"].model.named_parameters() if not torch.equal(before[n], p)]
     assert "model.layers.0.self_attn.q_proj.weight" in changed
     assert any(line.startswith("  learner shared:") for line in lines)  # a pretrained learner says what it used
+
+
+def test_a_scenario_without_format_scorers_says_so_instead_of_nan(micro_dir):
+    scenario = load_scenario("relay", RELAY + ["rewards.format=[]"])
+    trainer = _trainer(scenario, micro_dir)
+    before, lines = _weights(trainer.actors["shared"].model), []
+    report = _stage(trainer, scenario, lines)
+    assert report["sft_steps"] == 0 and _same(before, trainer.actors["shared"].model)
+    assert lines == ["warm-up: the scenario has no format scorers (rewards.format), so format compliance is not "
+                     "measured; no SFT"]
+    assert not any("nan" in line for line in lines)

@@ -132,14 +132,15 @@ def test_the_default_limit_is_what_the_context_leaves_after_max_tokens(real_mode
     assert cut and _tokens(tokenizer, prompt) <= 384
 
 
-def test_the_char_models_prompts_are_unchanged(demo_model_dir):
+def test_relays_prompts_on_the_tiny_model_are_chat_turns_never_cut(demo_model_dir):
     from trainers.policy.loading import load_policy
 
     model, tokenizer = load_policy(demo_model_dir)
     styles = agent_styles(load_scenario("relay").spec)
     requests = [(agent, text, None) for agent, text in [("left", "12+35="), ("final", "47+82="), ("right", "")]]
     prompts, cut = fit_turn_prompts(tokenizer, requests, styles, model_context(model))
-    assert prompts == ["12+35=", "47+82=", " "] and cut == [False] * 3
+    assert prompts == [f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n" for text in ("12+35=", "47+82=", "")]
+    assert cut == [False] * 3
 
 
 # -- the context check -----------------------------------------------------------------------------
@@ -168,6 +169,18 @@ def test_marl_run_refuses_a_prompt_and_answer_longer_than_the_context_with_exit_
     assert ("agents.0.max_tokens=4 + max_prompt_tokens=600 = 604 tokens is more than the model's context of 512; "
             "lower max_prompt_tokens or agents.0.max_tokens, or use a model with a longer context") in err
     assert not out.exists()  # refused before anything was made
+
+
+def test_marl_eval_makes_the_same_context_check(real_model_dirs, tmp_path, capsys):
+    from trainers.cli.main import main
+
+    out = tmp_path / "eval"
+    assert main(["eval", "relay", "--set", f"train.model={real_model_dirs['gpt2']}", "--set", "max_prompt_tokens=600",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "agents.0.max_tokens=4 + max_prompt_tokens=600 = 604 tokens is more than the model's context of 512" in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("name", ["relay", "weather", "text_to_sql", "code_pair", "debate", "negotiation"])
