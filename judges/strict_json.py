@@ -14,7 +14,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,10 +22,10 @@ from typing import IO, Any
 def plain(value: Any, nulls: dict[str, str] | None = None, path: str = "") -> Any:
     """`value` as plain JSON data: numpy scalars and arrays become numbers and lists, tuples become lists,
     and every NaN or infinity becomes None, with `nulls[path] = "nan: not a finite number, written as null"`."""
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): plain(v, nulls, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        value = value.tolist()  # a numpy scalar or array
+        value = value.tolist()  # a numpy or torch scalar or array
     if isinstance(value, list | tuple):
         return [plain(v, nulls, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):

@@ -9,6 +9,8 @@ directory, served, and removed on exit. `marl export --merge` writes it to keep.
 
 from __future__ import annotations
 
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,6 +36,8 @@ def run(args) -> int:
     quiet_libraries()
     from trainers.policy.serve import ModelLoadError, check_port, serve
 
+    # SIGTERM (a service manager, `kill`) unwinds like Ctrl-C, so the merged copy below is removed too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         check_port(args.port)  # before a merge, which reads the whole model
         with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:

@@ -19,20 +19,12 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from marl.rollout import Generation  # noqa: F401 - the one Generation; re-exported for callers
 from marl.types import Task
 
 SCRIPTED = ("expert", "null", "random")
-
-
-@dataclass
-class Generation:
-    """What an actor said for a batch: texts, and the sampled tokens when a model produced them."""
-
-    texts: list[str]
-    completions: object | None = None  # trainers.policy.sampling.Completions, row i = texts[i]
 
 
 class ModelActor:
@@ -68,7 +60,7 @@ class ModelActor:
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
         completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
-        completions.prompt_cut = cut  # rows whose prompt was cut to fit (the team trainer's truncation guard)
+        completions.prompt_cut = torch.tensor(cut, dtype=torch.bool)  # for the team trainer's truncation guard
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
 

@@ -34,6 +34,8 @@ class Completions:
     truncated: (N,) True where no EOS appeared within max_new_tokens.
     entropy: (N, C) entropy of the sampling distribution at each step (a free diagnostic).
     prompt_index: (N,) which prompt each row answers (rows of one prompt share its KV cache).
+    prompt_cut: (N,) bool, True where the row's prompt was cut to fit its token limit (set by the actor
+        that fitted the prompts, `ModelActor.act`; None when nothing fitted them).
     """
 
     prompt_ids: torch.Tensor
@@ -44,6 +46,7 @@ class Completions:
     truncated: torch.Tensor
     entropy: torch.Tensor
     prompt_index: torch.Tensor
+    prompt_cut: torch.Tensor | None = None
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -363,7 +366,7 @@ def select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
     from dataclasses import fields
 
     def pick(tensor):  # an index on another device than the field (a CPU prompt_index, say) is moved to it
-        return tensor[rows.to(tensor.device)]
+        return None if tensor is None else tensor[rows.to(tensor.device)]
 
     return Completions(**{f.name: pick(getattr(completions, f.name)) for f in fields(Completions)})
 
@@ -393,8 +396,11 @@ def concat_completions(batches: list[Completions]) -> Completions:
             parts[name].append(torch.nn.functional.pad(getattr(b, name), (0, right), value=0))
         parts["truncated"].append(b.truncated)
         parts["prompt_index"].append(b.prompt_index + offset)
+        parts["prompt_cut"].append(b.prompt_cut)
         offset += int(b.prompt_index.max().item()) + 1 if b.prompt_index.numel() else 0
-    return Completions(**{name: torch.cat(tensors) for name, tensors in parts.items()})
+    cuts = parts.pop("prompt_cut")  # known for all batches, or for none
+    joined = {name: torch.cat(tensors) for name, tensors in parts.items()}
+    return Completions(**joined, prompt_cut=None if any(c is None for c in cuts) else torch.cat(cuts))
 
 
 def _completion_pad_id(batch: Completions) -> int:

@@ -10,7 +10,6 @@ This is the only module in the project that imports `wandb`, and it does so lazi
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -72,19 +71,11 @@ class NullTracker(Tracker):
 
 
 def json_safe(value: Any) -> Any:
-    """Return `value` with NaN/inf floats replaced by None, recursively, so it is valid JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(key): json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        try:
-            return json_safe(value.item())
-        except (TypeError, ValueError):
-            return str(value)
-    return value
+    """Return `value` with NaN/inf floats replaced by None, numpy and torch numbers and arrays as plain
+    numbers and lists, recursively, so it is valid JSON (`judges.strict_json.plain`, the one converter)."""
+    from judges.strict_json import plain
+
+    return plain(value)
 
 
 def coerce_cell(value: Any) -> Cell:

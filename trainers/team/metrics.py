@@ -121,9 +121,8 @@ class TurnGuards:
                 if turn.actor is None:
                     continue  # not sampled by a trained model here (scripted, replayed, absent)
                 rows = batch.generations[turn.actor][turn.batch]
-                prompt_cut = getattr(rows, "prompt_cut", None)  # set by ModelActor.act (fit_turn_prompts)
                 model_turns += 1
-                cut += bool(prompt_cut is not None and prompt_cut[turn.row])
+                cut += bool(rows.prompt_cut is not None and rows.prompt_cut[turn.row])  # ModelActor.act fits them
                 at_limit += bool(rows.truncated[turn.row])
         metrics = {}
         if model_turns:

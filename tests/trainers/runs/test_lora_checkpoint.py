@@ -181,3 +181,35 @@ def test_serving_an_adapter_serves_it_merged(bases, tmp_path):
     served = servable_dir(str(checkpoint / "model"), None, tmp_path / "scratch")
     assert (tmp_path / "scratch" / "merged" / "config.json").is_file() and served.endswith("merged")
     assert servable_dir(str(bases[0]), None, tmp_path / "scratch") == str(bases[0])  # a full model: itself
+
+
+@pytest.mark.slow  # a fresh interpreter serving a merged adapter
+def test_a_sigtermed_serve_of_an_adapter_removes_its_merged_copy(bases, tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    checkpoint = save_checkpoint(_trainer(bases[0]), tmp_path / "run")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "trainers.cli.main", "serve", str(checkpoint / "model-left"),
+                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "TMPDIR": str(scratch)})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        with socket.socket() as client:
+            if client.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()[0]
+    assert [p.name for p in scratch.iterdir()][0].startswith("marl-serve-")  # the merge is being served
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in output
+    assert list(scratch.iterdir()) == []  # the merged copy is gone

@@ -161,3 +161,13 @@ def test_a_restored_state_continues_exactly_like_the_trainer_it_came_from(team):
     for (name, a), (_, b) in zip(straight.actors["shared"].model.named_parameters(),
                                  resumed.actors["shared"].model.named_parameters()):
         assert torch.equal(a, b), f"{name} differs after the restore"
+
+
+def test_a_setting_added_since_a_checkpoint_is_not_a_change_but_a_changed_one_is():
+    from trainers.team.trainer import _differences
+
+    saved = {"train": {"lr": 5e-5, "group_size": 8}, "name": "relay"}
+    now = {"train": {"lr": 5e-5, "group_size": 8, "packing": "auto"}, "name": "relay"}  # packing: newer marl
+    assert _differences(saved, now) == []
+    assert _differences(saved, {**now, "train": {**now["train"], "lr": 1e-4}}) == ["train.lr: 5e-05 -> 0.0001"]
+    assert _differences({**saved, "mode": "cooperative"}, now) == ["mode: 'cooperative' -> None"]  # a removed one is
