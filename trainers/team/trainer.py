@@ -399,7 +399,7 @@ class MultiAgentTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()` (same scenario, actors and config; more steps are allowed)."""
-        changed = _differences(state.get("scenario", {}), resume_fingerprint(self.spec))
+        changed = _differences(_identified(state.get("scenario", {})), resume_fingerprint(self.spec))
         if changed:
             raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
                              "with the same scenario and --set values (only step counts may change), or start a "
@@ -422,14 +422,45 @@ STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_eve
 
 
 def resume_fingerprint(spec) -> dict:
-    """The scenario as plain data, minus what a resumed run may change (step counts, threads, tracking)."""
+    """The scenario as plain data, minus what a resumed run may change (step counts, threads, tracking).
+
+    A model directory (train.model, an agent's own policy) is recorded by its content, not its path, so
+    a run resumes after its base model moved (a new cache folder, another disk) and still refuses a
+    different model at the old path.
+    """
     data = spec.model_dump(mode="json")
     for path in STEP_KEYS:
         node = data
         for key in path[:-1]:
             node = node[key]
         node.pop(path[-1], None)
+    data["train"]["model"] = _model_identity(data["train"]["model"])
+    for agent in data.get("agents", []):
+        agent["policy"] = _model_identity(agent["policy"])
     return data
+
+
+def _identified(saved: dict) -> dict:
+    """A saved fingerprint with its model directories as `_model_identity`s (a checkpoint written before
+    they were recorded by content holds their paths)."""
+    if isinstance(saved.get("train"), dict) and isinstance(saved["train"].get("model"), str):
+        saved["train"]["model"] = _model_identity(saved["train"]["model"])
+    for agent in saved.get("agents", []) if isinstance(saved.get("agents"), list) else []:
+        if isinstance(agent, dict) and isinstance(agent.get("policy"), str):
+            agent["policy"] = _model_identity(agent["policy"])
+    return saved
+
+
+def _model_identity(name: str) -> str:
+    """'sha256:<config and weights>' of a model directory (trainers/policy/adapters.py:base_fingerprint);
+    anything else ('tiny', 'shared', a scripted policy) as it is."""
+    from pathlib import Path
+
+    if name in ("tiny", "shared", "own") or ":" in name or not (Path(name).expanduser() / "config.json").is_file():
+        return name
+    from trainers.policy.adapters import base_fingerprint
+
+    return "sha256:" + base_fingerprint(Path(name).expanduser())
 
 
 def _differences(saved, current, path: str = "") -> list[str]:

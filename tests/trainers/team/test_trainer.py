@@ -171,3 +171,20 @@ def test_a_setting_added_since_a_checkpoint_is_not_a_change_but_a_changed_one_is
     assert _differences(saved, now) == []
     assert _differences(saved, {**now, "train": {**now["train"], "lr": 1e-4}}) == ["train.lr: 5e-05 -> 0.0001"]
     assert _differences({**saved, "mode": "cooperative"}, now) == ["mode: 'cooperative' -> None"]  # a removed one is
+
+
+def test_a_moved_base_model_is_the_same_scenario_for_a_resume_and_another_model_is_not(real_model_dirs, tmp_path):
+    import shutil
+
+    from marl.scenario.load import load_scenario
+    from trainers.team.trainer import _differences, _identified, resume_fingerprint
+
+    moved = shutil.copytree(real_model_dirs["qwen2"], tmp_path / "elsewhere" / "qwen2")
+    before = resume_fingerprint(load_scenario("relay", [f"train.model={real_model_dirs['qwen2']}"]).spec)
+    assert before["train"]["model"].startswith("sha256:")
+    assert _differences(before, resume_fingerprint(load_scenario("relay", [f"train.model={moved}"]).spec)) == []
+    other = resume_fingerprint(load_scenario("relay", [f"train.model={real_model_dirs['llama']}"]).spec)
+    assert [line.split(":")[0] for line in _differences(before, other)] == ["train.model"]
+    # a checkpoint written before models were recorded by content holds the path: still the same model
+    by_path = {**before, "train": {**before["train"], "model": str(real_model_dirs["qwen2"])}}
+    assert _differences(_identified(by_path), resume_fingerprint(load_scenario("relay", [f"train.model={moved}"]).spec)) == []
