@@ -67,7 +67,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marl.addition import addition_reward, addition_splits  # noqa: E402
-from trainers.demo import demo_policy, held_out_accuracy  # noqa: E402
+from trainers.demo import chat_splits, demo_policy, held_out_accuracy  # noqa: E402
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.trainer import GRPOTrainer  # noqa: E402
 from trainers.policy.tinylm import load_policy  # noqa: E402
@@ -498,6 +498,7 @@ def main(argv=None) -> int:
     if args.quick:
         splits = replace(splits, eval=splits.eval[:QUICK_EVAL_PROMPTS])
     model, tokenizer = load_policy(model_dir)
+    splits = chat_splits(splits, tokenizer)  # chat turns, as it was warmed up: one string each for both
     before = held_out_accuracy(model, tokenizer, splits, samples, SHARED["max_new_tokens"])
     del model
     print(f"settings: {SHARED}, DAPO loss, group-scaled advantages, AdamW, grad clip 1.0, 1 torch thread")

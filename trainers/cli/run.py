@@ -9,7 +9,7 @@ from trainers.cli.common import add_scenario_arguments, quiet_libraries, trainin
 
 MODEL_HELP = """\
 the model: train.model is 'tiny' (the embedded default: a ~1.6M-parameter Qwen2 chat model with a
-BPE tokenizer, built for the scenario on first use, a minute or two, then cached under --cache-dir)
+BPE tokenizer, built for the scenario on first use, one to six minutes, then cached under --cache-dir)
 or a local Hugging Face model directory (--set train.model=DIR); a relative DIR is read from the working directory, not the scenario's
 folder. Each turn is rendered with the model's chat template when it has one (the agent's role as
 the system message, its observation as the user message); chat_template: none (scenario or agent)

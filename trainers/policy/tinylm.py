@@ -242,7 +242,7 @@ def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demo
         log(f"tiny model: cached at {target}")
         return target
     _check_cache_folder(target.parent)  # before the build (a minute), not at its end
-    log(f"tiny model: building {target.name} (first run only, a minute or two)")
+    log(f"tiny model: building {target.name} (first run only; one to six minutes on a 2-core CPU)")
     tokenizer = build_tiny_tokenizer(recipe, demonstrations)
     model = init_tiny_model(recipe, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
