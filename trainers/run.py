@@ -195,7 +195,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     tracker = _tracker(options, scenario, out, trainer.step_count)
     started = time.perf_counter()
     with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
-        _train(trainer, plan, train_tasks, tracker, out, log)
+        _train(trainer, plan, train_tasks, tracker, out, log, eval_tasks)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
         write_text_atomically(out / "after.json", json.dumps(after))
@@ -212,8 +212,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     return summary
 
 
-def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
-    """The step loop across stages: log, tables, checkpoints; Ctrl-C writes a checkpoint."""
+def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -> None:
+    """The step loop across stages: log, tables, held-out evaluations (train.eval_every), checkpoints;
+    Ctrl-C writes a checkpoint."""
     from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
     from trainers.runs.progress import ProgressPrinter
     from trainers.stages.warmup import run_stage_step, stage_at
@@ -225,6 +226,7 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
             metrics = run_stage_step(trainer, stage, within, train_tasks, log)
+            metrics.update(_evaluation_due(trainer, eval_tasks, log))
             tracker.log(metrics)
             progress.update(metrics)
             if trainer.step_count % TABLE_EVERY == 0 or trainer.step_count == total:
@@ -233,6 +235,22 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log) -> None:
                 save_checkpoint(trainer, out)
             if stop_requested():
                 raise KeyboardInterrupt
+
+
+def _evaluation_due(trainer, eval_tasks, log) -> dict:
+    """The held-out figures at temperature 0 as `eval/*` (with `eval/step`) when train.eval_every says this
+    step is due, else {}. The fixed evaluation set and seeds of before.json and after.json, so the curve
+    joins them. Greedy decoding draws nothing from the models' sampling generators, so the training
+    steps are those of a run without it (a scripted `random` agent's own generator does advance)."""
+    from trainers.team.evaluation import evaluate_team
+
+    every = trainer.spec.train.eval_every
+    if not every or not eval_tasks or trainer.step_count % every:
+        return {}
+    figures = evaluate_team(trainer.player, eval_tasks)
+    log(f"held-out at step {trainer.step_count}: team success {figures.get('team_success', math.nan):.3f} "
+        f"({len(eval_tasks)} tasks, temperature 0)")
+    return {"eval/step": trainer.step_count, **{f"eval/{key}": value for key, value in figures.items()}}
 
 
 def _log_tables(trainer, tracker) -> None:

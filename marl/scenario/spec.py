@@ -393,6 +393,9 @@ class TrainSpec(TrainKnobs):
     checkpoint_every: int = Field(10, ge=1)
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
                                                           "(default: all of tasks.eval_count)")
+    eval_every: int | None = Field(None, ge=1, description="steps between held-out evaluations at temperature 0 "
+                                                          "during the run, logged as eval/* (none: before and "
+                                                          "after only)")
     max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
                                        "episodes over the last 5 steps had masked rewards (1 never stops)")
     truncation_warn_fraction: float = Field(0.5, ge=0, le=1, description="warn (once) when more than this share "

@@ -300,3 +300,20 @@ def test_after_a_warm_up_the_kl_reference_and_first_opponent_are_the_warmed_up_m
     _, snapshot = trainer.pool.sample()
     assert all(torch.equal(weights[k], reference[k]) and torch.equal(weights[k], snapshot[k]) for k in weights)
     assert all(torch.equal(weights[k], v) for k, v in trainer.actors["opponent"].model.state_dict().items())
+
+
+def test_eval_every_logs_held_out_figures_during_the_run_and_changes_no_training_step(demo_model_dir, tmp_path):
+    runs = {}
+    for name, extra in (("plain", []), ("eval", ["train.eval_every=2"])):
+        out = tmp_path / name
+        assert main(["run", "relay", *_settings("train.steps=4", "train.eval_tasks=6", *extra), "--out", str(out),
+                     "--tracker", "jsonl"]) == 0
+        runs[name] = (out, _rows(out / "metrics.jsonl"))
+    (_, plain), (out, rows) = runs["plain"], runs["eval"]
+    due = [row["train/step"] for row in rows if "eval/team_success" in row]
+    assert due == [2, 4] and all(row["eval/step"] == row["train/step"] for row in rows if "eval/step" in row)
+    # the last evaluation is after.json's: the same fixed set, seeds and greedy decoding
+    assert rows[-1]["eval/team_success"] == json.loads((out / "after.json").read_text())["team_success"]
+    training = lambda row: {k: v for k, v in row.items() if not k.startswith(("eval/", "time/"))}  # noqa: E731
+    assert [training(row) for row in rows] == [training(row) for row in plain]  # evaluating changed no step
+    assert (out / "plots" / "eval.png").is_file() and not (runs["plain"][0] / "plots" / "eval.png").exists()

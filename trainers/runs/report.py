@@ -43,6 +43,8 @@ PLOTS = (
     PlotSpec("kl.png", "KL to the reference policy", "KL", r"train/kl|policy/[^/]+/kl"),
     PlotSpec("wins.png", "Win rate per agent (competitive)", "win rate", r"train/agent/[^/]+/win_rate"),
     PlotSpec("ratings.png", "Self-play ratings", "rating", r"selfplay/rating/learner"),
+    PlotSpec("eval.png", "Held-out evaluation (temperature 0, train.eval_every)", "value",
+             r"eval/team_success|eval/team_reward|eval/agent/[^/]+/reward"),
 )
 
 Series = tuple[list[float], list[float]]

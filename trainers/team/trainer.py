@@ -416,7 +416,8 @@ class MultiAgentTrainer:
             self.pool.load_state_dict(state["pool"])
 
 
-STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
+STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_every"),
+             ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
              ("train", "safety", "steps"), ("train", "max_masked_fraction"),  # a stopped run may resume with a new limit
              ("train", "truncation_warn_fraction"), ("train", "tool_silence_steps")}  # warnings only
 
