@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TABLE_EVERY = 10  # steps between sample / credit tables
 TABLE_ROWS = 24
+WEAK_START_STEPS = 5  # the first steps of a run, over which a start too weak for RL is detected
+WEAK_SIGNAL = 0.05  # below this mean train/signal_groups, RL has (almost) nothing to learn from
 
 
 @dataclass
@@ -222,11 +225,16 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
     every = trainer.spec.train.checkpoint_every
+    signals = [] if trainer.step_count == 0 else None  # a resumed run was judged when it started
     with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
             metrics = run_stage_step(trainer, stage, within, train_tasks, log)
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
+            if signals is not None and len(signals) < min(WEAK_START_STEPS, total):
+                signals.append(metrics.get("train/signal_groups", math.nan))
+                if len(signals) == min(WEAK_START_STEPS, total):
+                    metrics.update(_weak_start(signals, trainer.config.group_size, log))
             tracker.log(metrics)
             progress.update(metrics)
             if trainer.step_count % TABLE_EVERY == 0 or trainer.step_count == total:
@@ -235,6 +243,21 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
                 save_checkpoint(trainer, out)
             if stop_requested():
                 raise KeyboardInterrupt
+
+
+def _weak_start(signals: list[float], group_size: int, log) -> dict:
+    """`guard/weak_start` (1 or 0) after the run's first steps, and one plain line when the start is too
+    weak for RL: almost no group of G plays of a task scored differently for any agent (all right or,
+    far more often, all wrong), so group-relative advantages are ~0 and nothing is learnt."""
+    finite = [value for value in signals if math.isfinite(value)]
+    if not finite or statistics.fmean(finite) >= WEAK_SIGNAL:
+        return {"guard/weak_start": 0.0}
+    log(f"weak start: in the first {len(signals)} steps only {statistics.fmean(finite):.0%} of the agents' groups "
+        f"of {group_size} plays of a task scored differently (train/signal_groups), so RL has almost nothing to "
+        "learn from; warm the model up further (train.warmup.sft_max_steps, with 'warmup' in train.stages), add "
+        "partial credit (a process or format reward layer), raise train.group_size or train.temperature, or use "
+        "a stronger train.model")
+    return {"guard/weak_start": 1.0}
 
 
 def _evaluation_due(trainer, eval_tasks, log) -> dict:

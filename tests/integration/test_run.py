@@ -317,3 +317,21 @@ def test_eval_every_logs_held_out_figures_during_the_run_and_changes_no_training
     training = lambda row: {k: v for k, v in row.items() if not k.startswith(("eval/", "time/"))}  # noqa: E731
     assert [training(row) for row in rows] == [training(row) for row in plain]  # evaluating changed no step
     assert (out / "plots" / "eval.png").is_file() and not (runs["plain"][0] / "plots" / "eval.png").exists()
+
+
+def test_a_start_with_no_signal_is_said_plainly_and_a_learnable_one_is_not(demo_model_dir, tmp_path, capsys):
+    """left and right say nothing (scripted 'null') and only the exact answer scores (no format layer), so
+    final, seeing '+=', is never right: every group of plays scores alike (0), and the run says so after
+    its first steps. Plain relay has a signal (some sums right, some wrong) and says nothing."""
+    silent = ["agents.0.policy='null'", "agents.1.policy='null'", "rewards.format=[]"]
+    for name, extra in (("silent", silent), ("relay", [])):
+        out = tmp_path / name
+        assert main(["run", "relay", *_settings("train.steps=5", *extra), "--out", str(out), "--tracker", "jsonl"]) == 0
+        printed = capsys.readouterr().out
+        rows = _rows(out / "metrics.jsonl")
+        assert [row["guard/weak_start"] for row in rows if "guard/weak_start" in row] == [float(name == "silent")]
+        assert all(row["train/signal_groups"] == 0.0 for row in rows) == (name == "silent")
+        assert ("weak start: in the first 5 steps only 0% of the agents' groups of 4 plays" in printed) == \
+            (name == "silent")
+        if name == "silent":
+            assert "raise train.group_size" in printed and "train.warmup.sft_max_steps" in printed

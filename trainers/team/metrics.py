@@ -66,6 +66,7 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
                "train/team_success": nanmean([success(e, mode) for e in episodes]),
                "judge/masked_episodes": sum(is_masked(e) for e in episodes),
                "judge/masked_total": trainer.totals["masked_episodes"], **guards, **times}
+    metrics["train/signal_groups"] = signal_share(episodes, trainer.agents, trainer.config.group_size)
     for agent in trainer.agents:
         metrics[f"train/agent/{agent}/reward"] = nanmean([row[agent] for row in result.rewards])
         if mode != "cooperative":
@@ -80,6 +81,21 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
         metrics.update(trainer.pool.ratings_metrics())
         metrics["selfplay/against_snapshot"] = float(opponent is not None)
     return metrics
+
+
+def signal_share(episodes, agents, group_size: int) -> float:
+    """The share of (agent, group) pairs whose G episodes' scored rewards are not all equal: where GRPO has
+    a signal to learn from before any credit split, floor reward or guard (NaN when nothing is scored).
+    Episodes come in groups of `group_size` consecutive ones (the plays of one task)."""
+    pairs = varied = 0
+    for start in range(0, len(episodes), group_size):
+        for agent in agents:
+            values = [e.rewards.get(agent, math.nan) for e in episodes[start:start + group_size]]
+            values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+            if len(values) >= 2:
+                pairs += 1
+                varied += max(values) - min(values) > 1e-9
+    return varied / pairs if pairs else math.nan
 
 
 def _policy_metrics(updates: dict) -> dict[str, float]:
