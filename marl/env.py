@@ -19,6 +19,12 @@ agents whose turn it is (the graph's turn order) are heard; the others' actions 
 `graph.rounds` rounds, or early when a message fully matches `graph.end_on` (termination), or when
 `max_cycles` steps have passed (truncation). Rewards arrive at the last step, from the reward spec.
 
+Games: a scenario's `referee` (module:function) is called as referee(task, transcript) at the reset
+and after every turn. Its `state` is the template field {state} (a board, the cards seen), its
+`over` ends the episode (termination), and its `verdict` on the last turn goes into the infos
+(`infos[agent]["referee"]`) and into the transcript's last entry as "referee". The rules of the game
+(an illegal move loses, say) are the referee's and the scorer's, never a crash of the env.
+
 Infos carry the transcript, the agent's own tool results, its tool-call validity, and at the end the
 reward breakdown.
 """
@@ -99,6 +105,8 @@ class ScenarioEnv(ParallelEnv):
         self.max_cycles = max_cycles if max_cycles is not None else len(self.turns)
         # RE2: model output cannot make the match take more than linear time (no catastrophic backtracking)
         self._end_on = compile_pattern(spec.graph.end_on) if spec.graph.end_on else None
+        self._referee = scenario.resolve(spec.referee) if spec.referee else None
+        self.verdict: dict = {}
         self._agent_spec = {agent.name: agent for agent in spec.agents}
         self._observation_spaces = {a: text_space(spec.observation_max_chars) for a in self.possible_agents}
         self._action_spaces = {a: text_space(spec.action_max_chars) for a in self.possible_agents}
@@ -136,6 +144,7 @@ class ScenarioEnv(ParallelEnv):
         self.breakdown = None
         for registry in self.tools.values():
             registry.reset_stats()
+        self.verdict = self._ask_referee()
         return {a: self._observe(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
 
     def step(self, actions: dict):
@@ -146,7 +155,11 @@ class ScenarioEnv(ParallelEnv):
             if agent not in self.absent:
                 self._hear(agent, actions.get(agent))
         self.turn_index, self.steps = self.turn_index + 1, self.steps + 1
+        self.verdict = self._ask_referee()
+        if self.verdict.get("verdict") and self.transcript:
+            self.transcript[-1]["referee"] = str(self.verdict["verdict"])
         ended_early = bool(self._end_on and self.transcript and self._end_on.fullmatch(self.transcript[-1]["text"]))
+        ended_early = ended_early or bool(self.verdict.get("over"))
         terminated = self.turn_index >= len(self.turns) or ended_early
         truncated = not terminated and self.steps >= self.max_cycles
         rewards = {a: 0.0 for a in self.agents}
@@ -159,6 +172,19 @@ class ScenarioEnv(ParallelEnv):
         if terminated or truncated:
             self.agents = []
         return observations, rewards, terminations, truncations, infos
+
+    def _ask_referee(self) -> dict:
+        """The referee's {state, over, verdict} on the transcript so far ({} without a referee)."""
+        if self._referee is None:
+            return {}
+        try:
+            verdict = self._referee(self.task, [dict(turn) for turn in self.transcript])
+        except Exception as error:  # noqa: BLE001 - the scenario's own code: name it, in one line
+            raise RuntimeError(f"referee {self.scenario.spec.referee} raised {type(error).__name__}: {error}") from None
+        if not isinstance(verdict, dict):
+            raise RuntimeError(f"referee {self.scenario.spec.referee} returned {type(verdict).__name__}, not a dict "
+                               "with 'state', 'over' and 'verdict'")
+        return verdict
 
     def acting_agents(self) -> tuple[str, ...]:
         """The agents whose actions the next step will hear (empty once the episode is over)."""
@@ -213,12 +239,15 @@ class ScenarioEnv(ParallelEnv):
         }
         if self.breakdown is not None:
             info["reward_breakdown"] = {key: vars(value) for key, value in self.breakdown.items()}
+        if self.verdict:
+            info["referee"] = {"over": bool(self.verdict.get("over")), "verdict": str(self.verdict.get("verdict", ""))}
         return info
 
     def render(self):
         """ansi: the transcript so far as text; human: print it."""
         lines = [f"task {self.task.id if self.task else '-'}: {self.task.prompt if self.task else ''}"]
-        lines += [f"[{turn['turn']}] {turn['agent']}: {turn['text']}" for turn in self.transcript]
+        lines += [f"[{turn['turn']}] {turn['agent']}: {turn['text']}"
+                  + (f"\n    referee: {turn['referee']}" if turn.get("referee") else "") for turn in self.transcript]
         text = "\n".join(lines)
         if self.render_mode == "human":
             print(text)
@@ -250,6 +279,8 @@ class _TemplateFields(dict):
             return registry.describe() if registry is not None else ""
         if key == "tool_results":
             return "".join(f"[{c.name}] {c.result}\n" for c in env.tool_log if c.agent == agent)
+        if key == "state":
+            return str(env.verdict.get("state", ""))
         if key == "task":
             return _Namespace(env.task.metadata)
         if key == "msg":

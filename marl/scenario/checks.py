@@ -25,7 +25,7 @@ from judges.rules.patterns import compile_pattern
 
 ALLOWED_TOOL_MODULES = frozenset({"math", "statistics"})
 MAX_TEMPLATE_WIDTH = 10_000
-PLAIN_FIELDS = ("prompt", "role", "history", "tools", "tool_results")
+PLAIN_FIELDS = ("prompt", "role", "history", "tools", "tool_results", "state")
 _DOTTED_FIELD = re.compile(r"(task|msg)\.([A-Za-z0-9][A-Za-z0-9_]*)")  # no _private or __dunder__ attributes
 _SQLITE_HEADER = b"SQLite format 3\x00"
 

@@ -255,7 +255,13 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
 def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     spec, problems = scenario.spec, []
     references = [(("expert",), spec.expert, scenario.resolve), (("tasks", "generator"), spec.tasks.generator,
-                                                                    scenario.resolve)]
+                                                                    scenario.resolve),
+                  (("referee",), spec.referee, scenario.resolve)]
+    references += [(("opponents", name), reference, scenario.resolve) for name, reference in spec.opponents.items()
+                   if reference not in ("expert", "null", "random")]
+    if spec.opponents and spec.mode == "cooperative":
+        problems.append((("opponents",), "opponents are for competitive scenarios (a cooperative team has no "
+                                         "opponent); drop them or set mode: competitive"))
     references += [(("tools", i, "function"), tool.function, scenario.resolve_tool) for i, tool in enumerate(spec.tools)]
     for path, reference, resolve in references:
         if reference is None:
@@ -281,6 +287,9 @@ def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple
     for index, agent in enumerate(spec.agents):
         for message in scenario_checks.template_problems(agent.observation or "", names):
             problems.append((("agents", index, "observation"), message))
+        if "{state}" in (agent.observation or "") and spec.referee is None:
+            problems.append((("agents", index, "observation"), "{state} is a game's state, and this scenario has no "
+                             "referee (add `referee: module:function`, or drop {state})"))
     return problems
 
 

@@ -427,6 +427,14 @@ class ScenarioSpec(Strict):
     graph: GraphSpec = Field(default_factory=GraphSpec)
     tasks: TasksSpec
     expert: str | None = Field(None, description="'module:function' called as function(agent, observation, task)")
+    opponents: dict[str, str] = Field(default_factory=dict, description="competitive scenarios: fixed opponents "
+                                      "the evaluation plays the learned policy against, name -> expert, random or "
+                                      "module:function, in every seat at temperature 0 (figures vs/NAME/...)")
+    referee: str | None = Field(None, description="'module:function' of a game's rules, called as referee(task, "
+                                                  "transcript) at the start and after every turn; it returns "
+                                                  "{'state': text shown as {state} in observations, 'over': "
+                                                  "bool (the episode ends), 'verdict': its words on the last "
+                                                  "turn}")
     tools: list[ToolDecl] = Field(default_factory=list)
     rewards: RewardsSpec
     credit: CreditSpec = Field(default_factory=CreditSpec)

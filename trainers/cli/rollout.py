@@ -136,6 +136,9 @@ def print_episode(result) -> None:
     for turn in result.observations:
         print(f"  {turn['agent']} sees {turn['observation']!r}")
         print(f"  {turn['agent']} says {turn['action']!r}")
+    for entry in result.transcript:  # a game's referee: its verdict on the turn it ended (marl.env)
+        if entry.get("referee"):
+            print(f"  referee: {entry['referee']}")
     for name, breakdown in result.breakdown.items():
         for line in _format_breakdown(name, breakdown):
             print(line)

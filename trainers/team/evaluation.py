@@ -64,7 +64,37 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, floa
                "episodes": float(len(episodes))}
     for agent in player.scenario.agent_names:
         figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
+    if mode != "cooperative":
+        figures.update(against_opponents(player, tasks, seed=seed))
     return {key: value for key, value in figures.items() if not math.isnan(value)}
+
+
+def against_opponents(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
+    """The learned policy in each seat in turn, every other seat played by each of the scenario's fixed
+    `opponents` (tic-tac-toe's minimax and random players), greedy: per opponent and seat its mean
+    zero-sum reward and the share of games it did not lose (`vs/NAME/SEAT/reward`, `.../not_lost`),
+    and `vs/NAME/not_lost` over the seats. Against a perfect player, not losing is the best there is."""
+    from marl.policies import get_policy
+    from marl.rollout import EpisodeJob, PolicyActor
+    from trainers.team.metrics import nanmean
+
+    scenario, figures = player.scenario, {}
+    for name, reference in scenario.spec.opponents.items():
+        key = f"opponent:{name}"
+        player.actors[key] = PolicyActor(get_policy(reference, scenario, seed), order=scenario.agent_names)
+        try:
+            kept = []
+            for seat in scenario.agent_names:
+                others = {agent: key for agent in scenario.agent_names if agent != seat}
+                jobs = [EpisodeJob(task, seed + index, seats=others) for index, task in enumerate(tasks)]
+                rewards = [e.rewards.get(seat, math.nan) for e in player.play(jobs, greedy=True).episodes]
+                figures[f"vs/{name}/{seat}/reward"] = nanmean(rewards)
+                figures[f"vs/{name}/{seat}/not_lost"] = nanmean(float(r >= -1e-9) for r in rewards if r == r)
+                kept.append(figures[f"vs/{name}/{seat}/not_lost"])
+            figures[f"vs/{name}/not_lost"] = nanmean(kept)
+        finally:
+            del player.actors[key]
+    return figures
 
 
 class GreedyPlayer:
