@@ -20,7 +20,8 @@ agents whose turn it is (the graph's turn order) are heard; the others' actions 
 `max_cycles` steps have passed (truncation). Rewards arrive at the last step, from the reward spec.
 
 Games: a scenario's `referee` (module:function) is called as referee(task, transcript) at the reset
-and after every turn. Its `state` is the template field {state} (a board, the cards seen), its
+and after every turn. Its `state` is the template field {state}: one text (a board) or a text per
+agent ({agent: text}: the card only that player sees). Its
 `over` ends the episode (termination), and its `verdict` on the last turn goes into the infos
 (`infos[agent]["referee"]`) and into the transcript's last entry as "referee". The rules of the game
 (an illegal move loses, say) are the referee's and the scorer's, never a crash of the env.
@@ -279,8 +280,9 @@ class _TemplateFields(dict):
             return registry.describe() if registry is not None else ""
         if key == "tool_results":
             return "".join(f"[{c.name}] {c.result}\n" for c in env.tool_log if c.agent == agent)
-        if key == "state":
-            return str(env.verdict.get("state", ""))
+        if key == "state":  # one text for everyone (a board), or {agent: text} (a card each sees alone)
+            state = env.verdict.get("state", "")
+            return str(state.get(agent, "")) if isinstance(state, dict) else str(state)
         if key == "task":
             return _Namespace(env.task.metadata)
         if key == "msg":

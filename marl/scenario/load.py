@@ -256,7 +256,7 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     spec, problems = scenario.spec, []
     references = [(("expert",), spec.expert, scenario.resolve), (("tasks", "generator"), spec.tasks.generator,
                                                                     scenario.resolve),
-                  (("referee",), spec.referee, scenario.resolve)]
+                  (("referee",), spec.referee, scenario.resolve), (("evaluation",), spec.evaluation, scenario.resolve)]
     references += [(("opponents", name), reference, scenario.resolve) for name, reference in spec.opponents.items()
                    if reference not in ("expert", "null", "random")]
     if spec.opponents and spec.mode == "cooperative":

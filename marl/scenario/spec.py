@@ -430,9 +430,14 @@ class ScenarioSpec(Strict):
     opponents: dict[str, str] = Field(default_factory=dict, description="competitive scenarios: fixed opponents "
                                       "the evaluation plays the learned policy against, name -> expert, random or "
                                       "module:function, in every seat at temperature 0 (figures vs/NAME/...)")
+    evaluation: str | None = Field(None, description="'module:function' of a game's own figures, called as "
+                                                     "function(policy) with the learned policy (greedy, "
+                                                     "policy(agent, observation, task) -> text); its "
+                                                     "{name: number} are logged as game/NAME")
     referee: str | None = Field(None, description="'module:function' of a game's rules, called as referee(task, "
                                                   "transcript) at the start and after every turn; it returns "
-                                                  "{'state': text shown as {state} in observations, 'over': "
+                                                  "{'state': text shown as {state} in observations (or "
+                                                  "{agent: text}), 'over': "
                                                   "bool (the episode ends), 'verdict': its words on the last "
                                                   "turn}")
     tools: list[ToolDecl] = Field(default_factory=list)

@@ -66,7 +66,32 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, floa
         figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
     if mode != "cooperative":
         figures.update(against_opponents(player, tasks, seed=seed))
+    if player.scenario.spec.evaluation:
+        figures.update(scenario_figures(player))
     return {key: value for key, value in figures.items() if not math.isnan(value)}
+
+
+def learned_policy(player):
+    """The player's actors as one greedy `policy(agent, observation, task) -> text`, each agent answered
+    by the actor of its seat within its max_tokens (what a scenario's `evaluation` function queries)."""
+    def policy(agent: str, observation: str, task) -> str:
+        actor = player.actors[player.seats[agent]]
+        return actor.act([(agent, observation, task)], max_new_tokens=player.max_tokens[agent], greedy=True).texts[0]
+
+    return policy
+
+
+def scenario_figures(player) -> dict[str, float]:
+    """`game/NAME` of the scenario's `evaluation` function on the learned policy (Kuhn poker's exact
+    exploitability, say); a function that fails, or returns anything but numbers, is a ValueError."""
+    spec = player.scenario.spec
+    try:
+        figures = player.scenario.resolve(spec.evaluation)(learned_policy(player))
+    except Exception as error:  # noqa: BLE001 - the scenario's own code: name it in one line
+        raise ValueError(f"evaluation {spec.evaluation} raised {type(error).__name__}: {error}") from None
+    if not isinstance(figures, dict) or not all(isinstance(v, (int, float)) for v in figures.values()):
+        raise ValueError(f"evaluation {spec.evaluation} returned {figures!r:.80}, not a {{name: number}} dict")
+    return {f"game/{name}": float(value) for name, value in figures.items()}
 
 
 def against_opponents(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:

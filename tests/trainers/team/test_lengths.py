@@ -183,7 +183,8 @@ def test_marl_eval_makes_the_same_context_check(real_model_dirs, tmp_path, capsy
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name", ["relay", "weather", "text_to_sql", "code_pair", "debate", "negotiation", "tictactoe"])
+@pytest.mark.parametrize("name", ["relay", "weather", "text_to_sql", "code_pair", "debate", "negotiation", "tictactoe",
+                                  "kuhn_poker"])
 def test_every_built_in_scenario_fits_the_tiny_models_context(name):
     from helpers.paths import SCENARIOS
     from marl.scenario.load import load_scenario

@@ -1,0 +1,206 @@
+"""Kuhn poker: the referee, the scorer, the Nash expert, and the exact exploitability of a policy.
+
+Three cards, J < Q < K; each player antes 1 and gets one card, seen by it alone. `first` acts: check
+or bet (1 more chip). After a check, `second` checks (showdown for 1) or bets; facing a bet, a player
+calls (showdown for 2) or folds (the other takes the pot). A move is the first word of the message.
+A word that is not one of the two the player is offered is an illegal move, which counts as a fold
+(the rule stated in kuhn_poker.yaml): the player loses the chip it has in.
+
+Score (rule-verified, `chips_score`): (chips won + 2) / 4, so -2..+2 chips is 0..1 and the zero-sum
+reward (score minus the mean of both) is chips / 4.
+
+A strategy is the probability of the aggressive action (bet, or call) at each of the 12 information
+sets: (player, card, history) with history '' or 'check bet' for `first`, 'check' or 'bet' for
+`second`. `exploitability(strategy)` is exact (the game tree enumerated): half the sum of what a best
+response to each player's side gains over the game value, so 0 at a Nash equilibrium. `nash(alpha)` is
+the equilibrium family (alpha in [0, 1/3]: first bets a J with alpha, a K with 3 alpha); the game's
+value for `first` is -1/18. `strategy_of(policy)` asks a text policy (greedy) what it does at every
+information set, with the observation the scenario shows there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+CARDS = ("J", "Q", "K")
+RANK = {card: index for index, card in enumerate(CARDS)}
+DEALS = tuple(itertools.permutations(CARDS, 2))  # (first's card, second's card): 6 deals, equally likely
+PLAYERS = ("first", "second")
+# information sets: (player, history) -> the two actions offered, passive first
+OFFERS = {("first", ""): ("check", "bet"), ("second", "check"): ("check", "bet"),
+          ("second", "bet"): ("fold", "call"), ("first", "check bet"): ("fold", "call")}
+INFOSETS = tuple((player, card, history) for (player, history) in OFFERS for card in CARDS)
+GAME_VALUE = -1 / 18  # for `first`, at equilibrium
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def generate_tasks(seed: int, count: int) -> list[dict]:
+    """`count` deals drawn with `seed` (each of the 6 equally likely)."""
+    rng = random.Random(seed)
+    tasks = []
+    for index in range(count):
+        first, second = rng.choice(DEALS)
+        tasks.append({"id": f"kuhn-{seed}-{index}", "prompt": "Kuhn poker: J < Q < K.",
+                      "metadata": {"first": first, "second": second}})
+    return tasks
+
+
+def to_act(history: str) -> str | None:
+    """Who acts after `history` (None: the hand is over)."""
+    return {"": "first", "check": "second", "bet": "second", "check bet": "first"}.get(history)
+
+
+def payoff(history: str, first: str, second: str) -> int:
+    """Chips `first` wins at the end of `history` (negative: it loses them)."""
+    showdown = 1 if RANK[first] > RANK[second] else -1
+    return {"check check": showdown, "bet call": 2 * showdown, "check bet call": 2 * showdown,
+            "bet fold": 1, "check bet fold": -1}[history]
+
+
+def play(task, transcript) -> dict:
+    """Replay the moves: {history, over, winner chips for first, verdict}."""
+    history, verdict = "", ""
+    for turn in transcript:
+        player = to_act(history)
+        if player is None or turn["agent"] != player:
+            continue
+        passive, aggressive = OFFERS[(player, history)]
+        words = _WORD.findall((turn["text"] or "").lower())
+        word = words[0] if words else ""
+        if word not in (passive, aggressive):
+            word = "fold"  # an illegal move is a fold: the player loses the chip(s) it has in
+            verdict = f"{player} said {turn['text'][:20]!r}, not {passive} or {aggressive}: a fold"
+        history = f"{history} {word}".strip()
+        if word == "fold" and history not in ("bet fold", "check bet fold"):
+            chips = -1 if player == "first" else 1  # folded where no bet was made: loses its ante
+            return {"history": history, "over": True, "chips": chips, "verdict": verdict or f"{player} folds"}
+        if to_act(history) is None:
+            chips = payoff(history, task.metadata["first"], task.metadata["second"])
+            winner = "first" if chips > 0 else "second"
+            return {"history": history, "over": True, "chips": chips,
+                    "verdict": verdict or f"{history}: {winner} wins {abs(chips)}"}
+    return {"history": history, "over": False, "chips": 0, "verdict": ""}
+
+
+def observation(player: str, card: str, history: str) -> str:
+    """What `player` holding `card` sees at `history`: its card, the moves so far, its two options."""
+    passive, aggressive = OFFERS[(player, history)]
+    return f"Card {card}. Moves: {history or 'none'}. Say {aggressive} or {passive}."
+
+
+def referee(task, transcript) -> dict:
+    """The scenario's referee: each player's own view as {state}, the end of the hand, the verdict."""
+    game = play(task, transcript)
+    player = to_act(game["history"]) if not game["over"] else None
+    state = {name: observation(name, task.metadata[name], game["history"]) if name == player else ""
+             for name in PLAYERS}
+    return {"state": state, "over": game["over"], "verdict": game["verdict"]}
+
+
+def chips_score(item, candidate) -> float:
+    """(chips the candidate player won + 2) / 4: 0 for losing 2, 1 for winning 2 (0.5 before the end)."""
+    game = play(item, candidate.transcript)
+    chips = game["chips"] if candidate.agent == "first" else -game["chips"]
+    return (chips + 2) / 4
+
+
+# -- strategies, the equilibrium, exploitability ------------------------------------------------------------
+
+def nash(alpha: float = 0.0) -> dict:
+    """The equilibrium strategy for both seats (P(bet or call) per information set), alpha in [0, 1/3]."""
+    first = {("J", ""): alpha, ("Q", ""): 0.0, ("K", ""): 3 * alpha,
+             ("J", "check bet"): 0.0, ("Q", "check bet"): alpha + 1 / 3, ("K", "check bet"): 1.0}
+    second = {("J", "check"): 1 / 3, ("Q", "check"): 0.0, ("K", "check"): 1.0,
+              ("J", "bet"): 0.0, ("Q", "bet"): 1 / 3, ("K", "bet"): 1.0}
+    return {**{("first", *key): p for key, p in first.items()}, **{("second", *key): p for key, p in second.items()}}
+
+
+def _value(strategy_first: dict, strategy_second: dict, deal, history: str = "") -> float:
+    """Expected chips for `first` from `history` on `deal`, each seat playing its strategy."""
+    player = to_act(history)
+    if player is None:
+        return payoff(history, *deal)
+    card = deal[0] if player == "first" else deal[1]
+    strategy = strategy_first if player == "first" else strategy_second
+    passive, aggressive = OFFERS[(player, history)]
+    p = strategy[(player, card, history)]
+    return sum(weight * _value(strategy_first, strategy_second, deal, f"{history} {word}".strip())
+               for weight, word in ((1 - p, passive), (p, aggressive)) if weight > 0)
+
+
+def game_value(strategy_first: dict, strategy_second: dict) -> float:
+    """Expected chips for `first` over the 6 deals."""
+    return sum(_value(strategy_first, strategy_second, deal) for deal in DEALS) / len(DEALS)
+
+
+def best_response(strategy: dict, seat: str) -> dict:
+    """A pure strategy for `seat` maximising its expected chips against `strategy` (exact, backward
+    induction over the information sets, each weighted by how often the other seat's play reaches it)."""
+    response = dict(strategy)
+    sign = 1 if seat == "first" else -1
+    # the later decision first: `first` after 'check bet'; `second` has one decision per hand
+    for history in (("check bet", "") if seat == "first" else ("check", "bet")):
+        for card in CARDS:
+            passive, aggressive = OFFERS[(seat, history)]
+            totals = {}
+            for word in (passive, aggressive):
+                trial = {**response, (seat, card, history): 1.0 if word == aggressive else 0.0}
+                deals = [d for d in DEALS if (d[0] if seat == "first" else d[1]) == card]
+                totals[word] = sum(sign * _reach_value(trial, d, history, seat) for d in deals)
+            response[(seat, card, history)] = 1.0 if totals[aggressive] > totals[passive] + 1e-12 else 0.0
+    return response
+
+
+def _reach_value(strategy: dict, deal, history: str, seat: str) -> float:
+    """first's expected chips on `deal` from `history`, weighted by the chance the other seat's play
+    reaches it (the seat's own moves on the way are its choice, so they carry no weight)."""
+    reach, path = 1.0, ""
+    for word in history.split():
+        player = to_act(path)
+        if player != seat:
+            passive, aggressive = OFFERS[(player, path)]
+            p = strategy[(player, deal[0] if player == "first" else deal[1], path)]
+            reach *= p if word == aggressive else 1 - p
+        path = f"{path} {word}".strip()
+    return reach * _value(strategy, strategy, deal, history) if reach else 0.0
+
+
+def exploitability(strategy: dict) -> float:
+    """Half of what best responses gain against `strategy` in each seat: 0 at a Nash equilibrium."""
+    gain_first = game_value(best_response(strategy, "first"), strategy)
+    gain_second = -game_value(strategy, best_response(strategy, "second"))
+    return (gain_first + gain_second) / 2
+
+
+def strategy_of(policy, task_id: str = "kuhn-probe") -> dict:
+    """The pure strategy of a text `policy(agent, observation, task)` (greedy): at every information set
+    it sees what the scenario shows there; an answer that is neither offered word counts as the passive
+    one (an illegal move is a fold, and checking is what folding costs nothing over)."""
+    from types import SimpleNamespace
+
+    strategy = {}
+    for player, card, history in INFOSETS:
+        task = SimpleNamespace(id=task_id, prompt="", answer=None, metadata={player: card})
+        words = _WORD.findall(str(policy(player, observation(player, card, history), task)).lower())
+        strategy[(player, card, history)] = 1.0 if words and words[0] == OFFERS[(player, history)][1] else 0.0
+    return strategy
+
+
+def evaluation(policy) -> dict[str, float]:
+    """The scenario's figures of a policy: its exact exploitability, and its mean chips per hand against
+    the equilibrium over both seats (0 is the most any policy gets: -1/18 first, +1/18 second)."""
+    strategy, equilibrium = strategy_of(policy), nash(0.0)
+    return {"exploitability": exploitability(strategy),
+            "value_vs_nash": (game_value(strategy, equilibrium) - game_value(equilibrium, strategy)) / 2}
+
+
+def expert(agent: str, observation_text: str, task) -> str:
+    """The equilibrium (alpha = 1/6), its mixed moves drawn with a generator seeded by task and view."""
+    card = re.search(r"Card ([JQK])", observation_text).group(1)
+    moves = re.search(r"Moves: ([a-z ]+)\.", observation_text).group(1)
+    history = "" if moves == "none" else moves
+    passive, aggressive = OFFERS[(agent, history)]
+    p = nash(1 / 6)[(agent, card, history)]
+    return aggressive if random.Random(f"{task.id}:{agent}:{history}").random() < p else passive
