@@ -29,6 +29,7 @@ NOT_DEFAULT = {
     "collapse_threshold": ("0.95", 0.95), "buckets": ("2", 2), "bucket_ema": ("0.2", 0.2), "seed": ("5", 5),
     "threads": ("2", 2), "device": ("cpu", "cpu"), "dtype": ("float32", "float32"),
     "gradient_checkpointing": ("true", True), "max_tokens_per_microbatch": ("512", 512),
+    "attention": ("eager", "eager"), "packing": ("per_row", "per_row"),
 }
 SETS = [f"train.{name}={raw}" for name, (raw, _) in NOT_DEFAULT.items()]
 

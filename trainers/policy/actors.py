@@ -60,7 +60,8 @@ class ModelActor:
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
         completions.prompt_index = torch.tensor([first_row.setdefault(p, row) for row, p in enumerate(prompts)])
-        completions.prompt_cut = torch.tensor(cut, dtype=torch.bool)  # for the team trainer's truncation guard
+        # rows whose prompt was cut to fit: the team trainer's truncation guard counts them
+        completions.prompt_cut = torch.tensor(cut, dtype=torch.bool, device=completions.prompt_ids.device)
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
 
