@@ -45,6 +45,8 @@ PLOTS = (
     PlotSpec("ratings.png", "Self-play ratings", "rating", r"selfplay/rating/learner"),
     PlotSpec("eval.png", "Held-out evaluation (temperature 0, train.eval_every)", "value",
              r"eval/team_success|eval/team_reward|eval/agent/[^/]+/reward"),
+    PlotSpec("games.png", "Games: not lost against fixed opponents, and the scenario's own figures", "value",
+             r"eval/vs/[^/]+/not_lost|eval/game/.+"),
 )
 
 Series = tuple[list[float], list[float]]
