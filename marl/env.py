@@ -21,10 +21,10 @@ agents whose turn it is (the graph's turn order) are heard; the others' actions 
 
 Games: a scenario's `referee` (module:function) is called as referee(task, transcript) at the reset
 and after every turn. Its `state` is the template field {state}: one text (a board) or a text per
-agent ({agent: text}: the card only that player sees). Its
-`over` ends the episode (termination), and its `verdict` on the last turn goes into the infos
-(`infos[agent]["referee"]`) and into the transcript's last entry as "referee". The rules of the game
-(an illegal move loses, say) are the referee's and the scorer's, never a crash of the env.
+agent ({agent: text}: the card only that player sees). Its `over` ends the episode (termination),
+and its `verdict` on the last turn goes into the infos (`infos[agent]["referee"]`) and into the
+transcript's last entry as "referee". The rules of the game (an illegal move loses, say) are the
+referee's and the scorer's, never a crash of the env.
 
 Infos carry the transcript, the agent's own tool results, its tool-call validity, and at the end the
 reward breakdown.
