@@ -7,11 +7,11 @@ a checkpoint is served with the prompts it was trained on.
 
     chat template, mode auto    system = the agent's role (skipped when empty), user = the observation,
                                 then the assistant's generation prompt
-    no template, or mode none   the observation itself (the embedded character model: prompts as before)
+    no template, or mode none   the observation itself
 
 The mode is the agent's `chat_template`, else the scenario's (`auto|none`, default auto). In plain
 text the role is not prepended: the observation template already shows it where the scenario wants
-it ({role}), and the character model's prompts stay exactly what they were.
+it ({role}). The embedded tiny model (trainers/policy/tinylm.py) has a ChatML template.
 """
 
 from __future__ import annotations
@@ -135,17 +135,27 @@ def directory_context(directory) -> int | None:
         return None
 
 
-def context_problem(spec, context: int | None, *, prompt: tuple[str, int] | None = None,
-                    model: str = "the model's context", fix: str = "use a model with a longer context") -> str | None:
+def context_problem(spec, context: int | None) -> str | None:
     """One line when an agent the base model plays cannot fit its prompt and answer in `context`
     positions, else None (also when the context is unknown).
 
-    The prompt term is `max_prompt_tokens` (unset: the context minus max_tokens, so only max_tokens
-    must leave room), or `prompt` = (its name, tokens) for a model that bounds it otherwise (the
-    character model: a token per character of observation_max_chars).
+    The prompt term is `max_prompt_tokens`; unset, the prompt is fitted to whatever the context leaves
+    after max_tokens, so only max_tokens must leave room.
     """
     if context is None:
         return None
+    fix, prompt = "use a model with a longer context", spec.max_prompt_tokens
+    for index, agent in enumerate(spec.agents):
+        if agent.policy not in ("shared", "own"):
+            continue  # scripted, endpoint and own-directory agents do not play this model
+        name = f"agents.{index}.max_tokens"
+        if prompt is None and agent.max_tokens >= context:
+            return (f"{name}={agent.max_tokens} leaves no room for a prompt in the model's context of {context} "
+                    f"tokens; lower {name}, or {fix}")
+        if prompt is not None and prompt + agent.max_tokens > context:
+            return (f"{name}={agent.max_tokens} + max_prompt_tokens={prompt} = {prompt + agent.max_tokens} tokens "
+                    f"is more than the model's context of {context}; lower max_prompt_tokens or {name}, or {fix}")
+    return None
     if prompt is None and spec.max_prompt_tokens is not None:
         prompt = ("max_prompt_tokens", spec.max_prompt_tokens)
     for index, agent in enumerate(spec.agents):
