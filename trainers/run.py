@@ -225,15 +225,15 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
     every = trainer.spec.train.checkpoint_every
-    signals = [] if trainer.step_count == 0 else None  # a resumed run was judged when it started
+    signals = _signals_so_far(out, trainer.step_count)  # a resumed run judges its start as an unbroken one
     with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
             metrics = run_stage_step(trainer, stage, within, train_tasks, log)
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
-            if signals is not None and len(signals) < min(WEAK_START_STEPS, total):
+            if len(signals) < WEAK_START_STEPS:  # judged at step 5 exactly (a shorter run is not judged)
                 signals.append(metrics.get("train/signal_groups", math.nan))
-                if len(signals) == min(WEAK_START_STEPS, total):
+                if len(signals) == WEAK_START_STEPS:
                     metrics.update(_weak_start(signals, trainer.config.group_size, log))
             tracker.log(metrics)
             progress.update(metrics)
@@ -243,6 +243,17 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
                 save_checkpoint(trainer, out)
             if stop_requested():
                 raise KeyboardInterrupt
+
+
+def _signals_so_far(out: Path, step: int) -> list[float]:
+    """train/signal_groups of the steps already in metrics.jsonl (a resume), so the weak-start check
+    sees the run's first steps whether or not it was interrupted among them."""
+    if step == 0:
+        return []
+    from trainers.runs.report import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    return [row.get("train/signal_groups", math.nan) for row in rows if row.get("train/step", 0) <= WEAK_START_STEPS]
 
 
 def _weak_start(signals: list[float], group_size: int, log) -> dict:
