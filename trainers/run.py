@@ -282,7 +282,9 @@ def _evaluation_due(trainer, eval_tasks, log) -> dict:
     if not every or not eval_tasks or trainer.step_count % every:
         return {}
     figures = evaluate_team(trainer.player, eval_tasks)
-    log(f"held-out at step {trainer.step_count}: team success {figures.get('team_success', math.nan):.3f} "
+    games = "".join(f"; {key} {value:.3f}" for key, value in figures.items()
+                    if key.startswith("game/") or (key.startswith("vs/") and key.count("/") == 2))
+    log(f"held-out at step {trainer.step_count}: team success {figures.get('team_success', math.nan):.3f}{games} "
         f"({len(eval_tasks)} tasks, temperature 0)")
     return {"eval/step": trainer.step_count, **{f"eval/{key}": value for key, value in figures.items()}}
 

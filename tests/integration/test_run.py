@@ -335,3 +335,19 @@ def test_a_start_with_no_signal_is_said_plainly_and_a_learnable_one_is_not(demo_
             (name == "silent")
         if name == "silent":
             assert "raise train.group_size" in printed and "train.warmup.sft_max_steps" in printed
+
+
+@pytest.mark.slow  # builds a small tiny model for each game (20 SFT steps)
+@pytest.mark.parametrize("name, figure", [("tictactoe", "vs/minimax/not_lost"), ("kuhn_poker", "game/exploitability")])
+def test_a_short_run_of_each_game_logs_its_exact_figures(name, figure, tmp_path, capsys):
+    out = tmp_path / name
+    assert main(["run", name, "--set", "train.steps=2", "--set", "train.eval_every=1", "--set", "train.group_size=2",
+                 "--set", "train.prompts_per_step=2", "--set", "train.warmup.rl_steps=0", "--set",
+                 "train.warmup.sft_max_steps=20", "--set", "train.eval_tasks=4", "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(out), "--tracker", "jsonl"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out at step 2: team success" in printed and f"; {figure} " in printed
+    before, after = (json.loads((out / f"{when}.json").read_text()) for when in ("before", "after"))
+    assert 0.0 <= before[figure] <= 1.0 and 0.0 <= after[figure] <= 1.0
+    assert [row["train/step"] for row in _rows(out / "metrics.jsonl") if f"eval/{figure}" in row] == [1, 2]
+    assert (out / "plots" / "games.png").is_file()

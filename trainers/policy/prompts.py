@@ -156,19 +156,6 @@ def context_problem(spec, context: int | None) -> str | None:
             return (f"{name}={agent.max_tokens} + max_prompt_tokens={prompt} = {prompt + agent.max_tokens} tokens "
                     f"is more than the model's context of {context}; lower max_prompt_tokens or {name}, or {fix}")
     return None
-    if prompt is None and spec.max_prompt_tokens is not None:
-        prompt = ("max_prompt_tokens", spec.max_prompt_tokens)
-    for index, agent in enumerate(spec.agents):
-        if agent.policy not in ("shared", "own"):
-            continue  # scripted, endpoint and own-directory agents do not play this model
-        name = f"agents.{index}.max_tokens"
-        if prompt is None and agent.max_tokens >= context:
-            return (f"{name}={agent.max_tokens} leaves no room for a prompt in {model} of {context} tokens; "
-                    f"lower {name}, or {fix}")
-        if prompt is not None and prompt[1] + agent.max_tokens > context:
-            return (f"{name}={agent.max_tokens} + {prompt[0]}={prompt[1]} = {prompt[1] + agent.max_tokens} tokens "
-                    f"is more than {model} of {context}; lower {prompt[0]} or {name}, or {fix}")
-    return None
 
 
 def demonstration(tokenizer, observation: str, message: str, style: TurnStyle = DEFAULT_STYLE) -> tuple[str, str, int]:
