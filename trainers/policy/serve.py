@@ -25,6 +25,7 @@ the socket is bound before the model is read, so a port in use fails at once, no
 from __future__ import annotations
 
 import json
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -92,6 +93,18 @@ def check_port(port) -> int:
     return port
 
 
+class _Server(ThreadingHTTPServer):
+    """The HTTP server, with one line instead of a traceback when a request fails outside the handler's
+    own error replies, and nothing at all when the client just went away (a port probe, a Ctrl-C)."""
+
+    def handle_error(self, request, client_address):
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        print(f"marl serve: a request from {client_address[0]}:{client_address[1]} failed "
+              f"({type(error).__name__}: {error})", file=sys.stderr, flush=True)
+
+
 def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
                      name: str | None = None) -> ThreadingHTTPServer:
     """An HTTP server (not yet serving) for the model; port 0 picks a free port.
@@ -101,7 +114,7 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     its files cannot be loaded (a broken config.json, missing weights).
     """
     holder: dict = {}
-    httpd = ThreadingHTTPServer((host, check_port(port)), _handler(holder))
+    httpd = _Server((host, check_port(port)), _handler(holder))
     try:
         holder["model"] = LocalModel(model_dir, name)
     except FileNotFoundError:

@@ -201,13 +201,18 @@ def test_a_sigtermed_serve_of_an_adapter_removes_its_merged_copy(bases, tmp_path
     process = subprocess.Popen([sys.executable, "-m", "trainers.cli.main", "serve", str(checkpoint / "model-left"),
                                 "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "TMPDIR": str(scratch)})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        with socket.socket() as client:
-            if client.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    assert process.poll() is None, process.communicate()[0]
+    import urllib.request
+
+    deadline, ready = time.monotonic() + 120, False
+    while time.monotonic() < deadline and process.poll() is None and not ready:
+        with socket.socket() as client:  # a bare probe (connect, close) must not upset the server either
+            client.connect_ex(("127.0.0.1", port))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as response:
+                ready = response.status == 200
+        except OSError:
+            time.sleep(0.2)
+    assert ready and process.poll() is None, process.communicate()[0]
     assert [p.name for p in scratch.iterdir()][0].startswith("marl-serve-")  # the merge is being served
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
