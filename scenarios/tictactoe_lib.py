@@ -58,9 +58,8 @@ def render(board: str) -> str:
 
 
 def play(transcript) -> dict:
-    """Replay the moves: {board, to_move ('x'/'o'), over, result ('x', 'o', 'draw' or None),
-    illegal (the player who moved illegally, or None), verdict, moves (legal moves per player)}."""
-    board, to_move, moves = "." * 9, "x", {"x": 0, "o": 0}
+    """Replay the moves: {board, over, result ('x', 'o', 'draw' or None), verdict}."""
+    board, to_move = "." * 9, "x"
     for turn in transcript:
         player = turn["agent"]
         if player != to_move:
@@ -69,20 +68,15 @@ def play(transcript) -> dict:
         if cell is None or board[cell] != ".":
             why = "no digit 1-9" if cell is None else f"cell {cell + 1} is taken"
             other = "o" if player == "x" else "x"
-            return {"board": board, "to_move": player, "over": True, "result": other, "illegal": player,
-                    "verdict": f"{player} made an illegal move ({why}): {other} wins", "moves": moves}
+            return {"board": board, "over": True, "result": other,
+                    "verdict": f"{player} made an illegal move ({why}): {other} wins"}
         board = board[:cell] + MARKS[player] + board[cell + 1:]
-        moves[player] += 1
-        won = winner(board)
-        if won is not None:
-            return {"board": board, "to_move": None, "over": True, "result": player, "illegal": None,
-                    "verdict": f"{player} plays {cell + 1} and wins", "moves": moves}
+        if winner(board) is not None:
+            return {"board": board, "over": True, "result": player, "verdict": f"{player} plays {cell + 1} and wins"}
         if "." not in board:
-            return {"board": board, "to_move": None, "over": True, "result": "draw", "illegal": None,
-                    "verdict": f"{player} plays {cell + 1}: a draw", "moves": moves}
+            return {"board": board, "over": True, "result": "draw", "verdict": f"{player} plays {cell + 1}: a draw"}
         to_move = "o" if player == "x" else "x"
-    return {"board": board, "to_move": to_move, "over": False, "result": None, "illegal": None,
-            "verdict": "", "moves": moves}
+    return {"board": board, "over": False, "result": None, "verdict": ""}
 
 
 def referee(task, transcript) -> dict:

@@ -261,9 +261,10 @@ def _weak_start(signals: list[float], group_size: int, log) -> dict:
     weak for RL: almost no group of G plays of a task scored differently for any agent (all right or,
     far more often, all wrong), so group-relative advantages are ~0 and nothing is learnt."""
     finite = [value for value in signals if math.isfinite(value)]
-    if not finite or statistics.fmean(finite) >= WEAK_SIGNAL:
+    share = statistics.fmean(finite) if finite else math.nan
+    if not finite or share >= WEAK_SIGNAL:
         return {"guard/weak_start": 0.0}
-    log(f"weak start: in the first {len(signals)} steps only {statistics.fmean(finite):.0%} of the agents' groups "
+    log(f"weak start: in the first {len(signals)} steps only {share:.0%} of the agents' groups "
         f"of {group_size} plays of a task scored differently (train/signal_groups), so RL has almost nothing to "
         "learn from; warm the model up further (train.warmup.sft_max_steps, with 'warmup' in train.stages), add "
         "partial credit (a process or format reward layer), raise train.group_size or train.temperature, or use "

@@ -158,29 +158,19 @@ def test_the_context_check_names_the_agent_the_sum_and_the_context():
     assert context_problem(scripted.spec, 512) is None  # no agent plays the model
 
 
-def test_marl_run_refuses_a_prompt_and_answer_longer_than_the_context_with_exit_2(real_model_dirs, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["run", "eval"])  # marl eval makes run's context check
+def test_a_prompt_and_answer_longer_than_the_context_is_refused_with_exit_2(real_model_dirs, tmp_path, capsys,
+                                                                           command):
     from trainers.cli.main import main
 
-    out = tmp_path / "run"
-    assert main(["run", "relay", "--set", f"train.model={real_model_dirs['gpt2']}", "--set", "max_prompt_tokens=600",
+    out = tmp_path / command
+    assert main([command, "relay", "--set", f"train.model={real_model_dirs['gpt2']}", "--set", "max_prompt_tokens=600",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err
     assert ("agents.0.max_tokens=4 + max_prompt_tokens=600 = 604 tokens is more than the model's context of 512; "
             "lower max_prompt_tokens or agents.0.max_tokens, or use a model with a longer context") in err
     assert not out.exists()  # refused before anything was made
-
-
-def test_marl_eval_makes_the_same_context_check(real_model_dirs, tmp_path, capsys):
-    from trainers.cli.main import main
-
-    out = tmp_path / "eval"
-    assert main(["eval", "relay", "--set", f"train.model={real_model_dirs['gpt2']}", "--set", "max_prompt_tokens=600",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "Traceback" not in err
-    assert "agents.0.max_tokens=4 + max_prompt_tokens=600 = 604 tokens is more than the model's context of 512" in err
-    assert not out.exists()
 
 
 @pytest.mark.parametrize("name", ["relay", "weather", "text_to_sql", "code_pair", "debate", "negotiation", "tictactoe",
