@@ -133,6 +133,11 @@ class ScenarioEnv(ParallelEnv):
         `options["absent"]`: agents that skip their turns this episode (nothing of theirs is heard or
         recorded): the `skip_turn` counterfactual of credit assignment.
         """
+        self.start(seed, options)
+        return {a: self._observe(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
+
+    def start(self, seed: int | None = None, options: dict | None = None) -> None:
+        """`reset` without building the observations and infos (the episode engine's way in)."""
         if seed is not None:
             self._rng = random.Random(seed)
         options = options or {}
@@ -146,10 +151,30 @@ class ScenarioEnv(ParallelEnv):
         for registry in self.tools.values():
             registry.reset_stats()
         self.verdict = self._ask_referee()
-        return {a: self._observe(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
 
     def step(self, actions: dict):
         """Hear the agents whose turn it is, run their tool calls, and end the episode when due."""
+        agents = list(self.agents)  # the agents live before this step (self.agents is empty once it ends)
+        rewards, terminated, truncated = self.advance(actions)
+        observations = {a: self._observe(a) for a in agents}
+        infos = {a: self._info(a) for a in agents}
+        return observations, rewards, dict.fromkeys(agents, terminated), dict.fromkeys(agents, truncated), infos
+
+    def observe(self, agent: str) -> dict:
+        """What `agent` sees now ({"text": ...}): its entry of the observations reset and step return."""
+        return self._observe(agent)
+
+    def tool_validity(self, agent: str) -> float | None:
+        """The share of the agent's tool calls that were valid (None: it has no tools): infos' tool_validity."""
+        registry = self.tools.get(agent)
+        return registry.validity(agent) if registry is not None else None
+
+    def advance(self, actions: dict) -> tuple[dict[str, float], bool, bool]:
+        """`step` without building every agent's observation and info: (rewards, terminated, truncated).
+
+        The episode engine (marl.rollout) plays through this and `observe`s only the agents whose turn
+        it is; `step` is this plus the PettingZoo dicts, so both follow the same rules.
+        """
         if not self.agents:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         for agent in self.turns[self.turn_index]:
@@ -166,13 +191,8 @@ class ScenarioEnv(ParallelEnv):
         rewards = {a: 0.0 for a in self.agents}
         if terminated or truncated:
             rewards, self.breakdown = self.scorer.score_episode(self.task, self.transcript, self.tool_log, self.agents)
-        observations = {a: self._observe(a) for a in self.agents}
-        infos = {a: self._info(a) for a in self.agents}
-        terminations = {a: terminated for a in self.agents}
-        truncations = {a: truncated for a in self.agents}
-        if terminated or truncated:
             self.agents = []
-        return observations, rewards, terminations, truncations, infos
+        return rewards, terminated, truncated
 
     def _ask_referee(self) -> dict:
         """The referee's {state, over, verdict} on the transcript so far ({} without a referee)."""
@@ -230,13 +250,12 @@ class ScenarioEnv(ParallelEnv):
         return {"text": keep_ends(text, limit, head if head >= 0 else limit // 2)}
 
     def _info(self, agent: str) -> dict:
-        registry = self.tools.get(agent)
         info = {
             "task_id": self.task.id if self.task else None,
             "your_turn": agent in self.acting_agents(),
             "transcript": [dict(turn) for turn in self.transcript],
             "tool_results": [vars(call) for call in self.tool_log if call.agent == agent],
-            "tool_validity": registry.validity(agent) if registry is not None else None,
+            "tool_validity": self.tool_validity(agent),
         }
         if self.breakdown is not None:
             info["reward_breakdown"] = {key: vars(value) for key, value in self.breakdown.items()}

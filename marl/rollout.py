@@ -207,46 +207,46 @@ class EpisodePlayer:
         """Play every job to the end; returns the episodes and the sampled tokens."""
         batch = EpisodeBatch(episodes=[])
         envs = self._environments(len(jobs))
-        observations = [env.reset(seed=job.seed, options={"task": job.task, "absent": self._skipped(job)})[0]
-                        for env, job in zip(envs, jobs)]
-        turns, rewards, infos = [[] for _ in jobs], [{} for _ in jobs], [{} for _ in jobs]
+        for env, job in zip(envs, jobs):  # start/advance/observe: env.reset/step without every agent's dicts
+            env.start(seed=job.seed, options={"task": job.task, "absent": self._skipped(job)})
+        turns, rewards = [[] for _ in jobs], [{} for _ in jobs]
         while any(env.agents for env in envs):
             live = [k for k, env in enumerate(envs) if env.agents]
-            texts = self._answer_turn(jobs, envs, observations, live, turns, batch, greedy)
+            texts = self._answer_turn(jobs, envs, live, turns, batch, greedy)
             for k, result in zip(live, self._step_all([envs[k] for k in live], [
                     {agent: {"text": texts.get((k, agent), "")} for agent in envs[k].agents} for k in live])):
-                observations[k], rewards[k], _, _, infos[k] = result
+                rewards[k] = result[0]
         for k, (env, job) in enumerate(zip(envs, jobs)):
-            validity = {agent: info.get("tool_validity") for agent, info in infos[k].items()}
+            validity = {agent: env.tool_validity(agent) for agent in rewards[k]}
             batch.episodes.append(Episode(job, turns[k], rewards[k], env.breakdown or {},
                                           [dict(t) for t in env.transcript], validity, list(env.tool_log),
                                           task=env.task))
         return batch
 
     def _step_all(self, envs: list, actions: list[dict]) -> list[tuple]:
-        """env.step for every live episode. When the step ends the episodes of a scenario with model
+        """env.advance for every live episode. When the step ends the episodes of a scenario with model
         judges, the steps run in threads, so the judges' requests go out concurrently (each backend
         still caps its own concurrency); otherwise one after the other."""
         last_turn = all(env.turn_index == len(env.turns) - 1 for env in envs)
         if not (self.judged and last_turn and len(envs) > 1):
-            return [env.step(action) for env, action in zip(envs, actions)]
+            return [env.advance(action) for env, action in zip(envs, actions)]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(len(envs), JUDGE_THREADS)) as pool:
-            return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
+            return list(pool.map(lambda pair: pair[0].advance(pair[1]), zip(envs, actions)))
 
     def _skipped(self, job: EpisodeJob) -> frozenset:
         if job.coalition is None or job.absent_mode != "skip_turn":
             return frozenset()
         return frozenset(self.scenario.agent_names) - job.coalition
 
-    def _answer_turn(self, jobs, envs, observations, live, turns, batch, greedy) -> dict[tuple[int, str], str]:
+    def _answer_turn(self, jobs, envs, live, turns, batch, greedy) -> dict[tuple[int, str], str]:
         """Texts of every acting agent of the live episodes: replayed, absent, or one batched call per actor."""
         texts, requests, followers = {}, defaultdict(list), defaultdict(list)
         for k in live:
             job, env = jobs[k], envs[k]
             for agent in env.acting_agents():
-                observation = job.prefix + observations[k][agent]["text"]
+                observation = job.prefix + env.observe(agent)["text"]
                 turn = Turn(agent, env.turn_index, observation, "")
                 turns[k].append(turn)
                 decided = self._without_generation(job, agent, turn, env)

@@ -90,7 +90,8 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     players = tuple(player.scenario.agent_names)
     everyone = frozenset(players)
     needed = [c for c in coalitions_needed(credit, players, player.visibility) if c != everyone]
-    replays = [EpisodeReplays(e, {everyone: e.team_reward()}, [{} for _ in range(credit.rollouts)]) for e in episodes]
+    replays = [EpisodeReplays(e, {everyone: e.team_reward()}, memos) for e, memos in
+               zip(episodes, shared_memos(episodes, credit.rollouts, credit.samples_shared_by))]
     _fill_values(player, replays, needed, credit)
     estimates = []
     for replay in replays:
@@ -109,6 +110,28 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
         except NonFiniteValue:
             estimates.append(None)  # a sampled estimator met a failed replay: masked like a failed judge
     return estimates
+
+
+def shared_memos(episodes, rollouts: int, shared_by: str) -> list[list[dict]]:
+    """The memos of each episode's replays, one per rollout (see `marl.rollout`: replays sharing a memo
+    share their fresh samples).
+
+    `task`: the episodes of one task (and prefix) share them. The G episodes of a task are compared
+    with each other by the group-normalised advantages, so a stand-in's counterfactual that is the same
+    for all of them (the same agent seeing the same thing) gets one sample, not G different ones: the
+    group's credits then differ only by what each episode's own agents did (common random numbers
+    across the group), and a step samples each distinct counterfactual view once. `episode`: each
+    episode's replays share only their own.
+    """
+    if shared_by == "episode":
+        return [[{} for _ in range(rollouts)] for _ in episodes]
+    by_task: dict[tuple, list[dict]] = {}
+    return [by_task.setdefault(_task_key(e), [{} for _ in range(rollouts)]) for e in episodes]
+
+
+def _task_key(episode) -> tuple:
+    task = episode.task if episode.task is not None else episode.job.task
+    return getattr(task, "id", task), episode.job.prefix
 
 
 def _fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> None:

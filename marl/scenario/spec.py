@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
-                          DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SCALE_MODES, STAGES, TRACKERS)
+                          DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES,
+                          TRACKERS)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
@@ -199,6 +200,9 @@ class CreditSpec(Strict):
     default_policy: str | None = Field(None, description="absent=default_policy: 'module:function' speaking for "
                                                          "absent agents")
     rollouts: int = Field(1, ge=1, description="rollouts per coalition")
+    samples_shared_by: Literal[SAMPLE_SHARING] = Field(
+        "task", description="replays sharing their fresh samples (common random numbers): every episode of "
+                            "the same task in a step, or each episode's own replays only")
     seed: int = 0
 
 

@@ -57,3 +57,48 @@ def test_coalitions_a_sampled_estimator_asks_for_later_share_the_episodes_sample
     credit = CreditSpec(method="shapley", estimator="permutation", budget=6, absent="null_message")
     estimates = episode_credits(player, episodes, credit)
     assert all(estimate.values["right"] == 0.0 for estimate in estimates)
+
+
+class _CountingActor(ScriptedActor):
+    """A scripted actor that records the observations it was asked to answer."""
+
+    def __init__(self, name, policy):
+        super().__init__(name, policy)
+        self.asked = []
+
+    def act(self, requests, **kwargs):
+        self.asked.extend(observation for _, observation, _ in requests)
+        return super().act(requests, **kwargs)
+
+
+def _credits_of_one_task(shared_by: str):
+    """Shapley credit (expert stand-in) of 4 episodes of one relay task, and what final was asked in replays."""
+    from marl.credit.replay import episode_credits
+    from marl.scenario.spec import CreditSpec
+
+    scenario = load_scenario("relay")
+    expert = get_policy("expert", scenario)
+    final = _CountingActor("final", random_policy(seed=7, max_chars=3))
+    actors = {"left": ScriptedActor("left", random_policy(seed=1, max_chars=2)),
+              "right": ScriptedActor("right", expert), "final": final}
+    player = EpisodePlayer(scenario, actors, {a: a for a in actors}, default_policy=expert)
+    task = scenario.tasks()[0]
+    episodes = player.play([EpisodeJob(task, seed) for seed in range(4)]).episodes
+    final.asked.clear()
+    credit = CreditSpec(method="shapley", absent="default_policy", samples_shared_by=shared_by)
+    return episodes, episode_credits(player, episodes, credit), final.asked
+
+
+def test_replays_of_one_tasks_episodes_sample_each_counterfactual_view_once():
+    """With samples shared by task (the default), the G episodes of a task see the same counterfactual
+    (the expert's sums, say) answered by one sample: final is asked each distinct view once, and the
+    episodes' coalitions without left and right have one value. Shared by episode, every episode
+    samples it again."""
+    episodes, credits, asked = _credits_of_one_task("task")
+    _, _, asked_alone = _credits_of_one_task("episode")
+    assert len(asked) == len(set(asked)) < len(asked_alone)
+    expert_view = [o for o in asked if all(o != e.turns[-1].observation for e in episodes)]
+    assert expert_view and asked_alone.count(expert_view[0]) > 1  # the view every episode's replays reach
+    assert all(estimate is not None for estimate in credits)
+    for episode, estimate in zip(episodes, credits):  # efficiency: the credits add up to v(N) - v(empty) = r - 1
+        assert abs(sum(estimate.values.values()) - (episode.team_reward() - 1.0)) < 1e-9

@@ -301,8 +301,28 @@ def resolve_packing(model, packing: str = "auto") -> str:
     return "per_row" if "flash" in implementation else "shared_prompt"
 
 
+PACK_TOKENS_MAX = 1024  # the longest packed sequence
+PACK_TOKENS_MIN = 64
+PACK_ROWS = 4  # auto pack length (shared_prompt): about this many of the batch's longest rows
+
+
+def auto_pack_tokens(completions: Completions, shared: bool) -> int:
+    """The packed sequence length of `completion_logprobs` when none is given.
+
+    per_row: PACK_TOKENS_MAX (no mask: segments cost nothing across each other). shared_prompt: the
+    dense (L x L) block mask makes attention cost grow with L for every token, so short rows are packed
+    into short sequences: PACK_ROWS times the longest row (prompt + completion), within
+    [PACK_TOKENS_MIN, PACK_TOKENS_MAX]. The forward still runs every sequence in one batch; on relay's
+    20-token rows this halves the update's time against a fixed 1024 (bench/grpo_vs_trl.py measures it).
+    """
+    if not shared:
+        return PACK_TOKENS_MAX
+    longest = int((completions.prompt_mask.sum(-1) + completions.completion_mask.sum(-1)).max().item())
+    return max(PACK_TOKENS_MIN, min(PACK_TOKENS_MAX, PACK_ROWS * longest))
+
+
 def completion_logprobs(model, completions: Completions, temperature: float = 1.0,
-                        pack_tokens: int = 1024, packing: str = "auto") -> torch.Tensor:
+                        pack_tokens: int | None = None, packing: str = "auto") -> torch.Tensor:
     """Per-token logprobs (N, C) of the completions under `model` at logits / temperature, in float32.
 
     Differentiable; one forward over packed sequences (`pack_completions`), so padding costs nothing;
@@ -311,8 +331,11 @@ def completion_logprobs(model, completions: Completions, temperature: float = 1.
     length are 0; callers use the mask. `packing` (`resolve_packing`): shared_prompt runs each prompt
     once under a block mask built here (S x L x L); per_row lays each row out as its own segment and
     passes no mask, so flash attention runs it as variable-length sequences and nothing L x L exists.
+    `pack_tokens`: the longest packed sequence (None: `auto_pack_tokens`).
     """
     shared = resolve_packing(model, packing) == "shared_prompt"
+    if pack_tokens is None:
+        pack_tokens = auto_pack_tokens(completions, shared)
     pack = pack_completions(completions, pack_tokens, share_prompts=shared)
     width = max(len(ids) for ids in pack.ids)
     device = model_device(model)

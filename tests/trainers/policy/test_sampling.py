@@ -117,7 +117,7 @@ def test_bad_sampling_settings_are_rejected(micro_policy, bad):
         _sample(model, tokenizer, **bad)
 
 
-@pytest.mark.parametrize("pack_tokens", [1024, 12, 1])
+@pytest.mark.parametrize("pack_tokens", [None, 1024, 12, 1])
 def test_packed_logprobs_equal_full_forward_for_any_pack_size(micro_policy, pack_tokens):
     model, tokenizer = micro_policy()
     out = _sample(model, tokenizer, max_new_tokens=8)
@@ -125,6 +125,20 @@ def test_packed_logprobs_equal_full_forward_for_any_pack_size(micro_policy, pack
     packed = completion_logprobs(model, out, pack_tokens=pack_tokens)
     torch.testing.assert_close(packed[mask], full_sequence_logprobs(model, out)[mask], atol=1e-5, rtol=0)
     assert (packed[~mask] == 0).all()
+
+
+def test_short_rows_get_short_packed_sequences_under_a_block_mask(micro_policy):
+    """The auto pack length: a few of the longest rows under shared_prompt's dense mask (its attention
+    grows with the length for every token), within bounds; the full length per row, which needs no mask."""
+    from trainers.policy.sampling import PACK_ROWS, PACK_TOKENS_MAX, PACK_TOKENS_MIN, auto_pack_tokens
+
+    model, tokenizer = micro_policy()
+    out = _sample(model, tokenizer, max_new_tokens=8)
+    longest = int((out.prompt_mask.sum(-1) + out.completion_mask.sum(-1)).max())
+    assert auto_pack_tokens(out, shared=True) == max(PACK_TOKENS_MIN, min(PACK_TOKENS_MAX, PACK_ROWS * longest))
+    assert auto_pack_tokens(out, shared=False) == PACK_TOKENS_MAX
+    wide = _sample(model, tokenizer, max_new_tokens=PACK_TOKENS_MAX)  # rows that may reach the cap
+    assert PACK_TOKENS_MIN <= auto_pack_tokens(wide, shared=True) <= PACK_TOKENS_MAX
 
 
 def test_pack_holds_each_prompt_once_and_no_padding(micro_policy):
