@@ -259,6 +259,11 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
                   (("referee",), spec.referee, scenario.resolve), (("evaluation",), spec.evaluation, scenario.resolve)]
     references += [(("opponents", name), reference, scenario.resolve) for name, reference in spec.opponents.items()
                    if reference not in ("expert", "null", "random")]
+    for name in spec.train.selfplay.fixed_opponents:
+        if name not in spec.opponents:
+            problems.append((("train", "selfplay", "fixed_opponents", name),
+                             f"no opponent {name!r}: fixed_opponents name the scenario's `opponents` "
+                             f"({', '.join(spec.opponents) or 'none declared'})"))
     if spec.opponents and spec.mode == "cooperative":
         problems.append((("opponents",), "opponents are for competitive scenarios (a cooperative team has no "
                                          "opponent); drop them or set mode: competitive"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES,
@@ -239,6 +239,16 @@ class SelfPlaySpec(Strict):
     self_play_fraction: float = Field(0.5, ge=0, le=1, description="share of steps the learner plays itself "
                                                                    "(the rest: a sampled snapshot)")
     ratings: Literal["elo", "trueskill"] = "elo"
+    fixed_opponents: dict[str, float] = Field(
+        default_factory=dict, description="share of steps the learner plays each of the scenario's fixed "
+                                          "`opponents` (by name); the other steps follow self_play_fraction")
+
+    @field_validator("fixed_opponents")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not 0 < share <= 1 for share in value.values()) or sum(value.values()) > 1 + 1e-9:
+            raise ValueError(f"each share must lie in (0, 1] and together at most 1, got {value}")
+        return value
 
 
 WARMUP_DEFAULTS = {"tiny": (1e-3, 300), "pretrained": (1e-5, 50), "pretrained_lora": (1e-4, 50)}

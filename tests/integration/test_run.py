@@ -182,6 +182,38 @@ def test_self_play_trains_against_frozen_snapshots_and_logs_ratings(demo_model_d
     assert not math.isnan(metrics[-1]["selfplay/rating/learner"])
 
 
+def test_fixed_opponents_take_their_share_of_self_play_steps(demo_model_dir, tmp_path, capsys):
+    """train.selfplay.fixed_opponents: with {expert: 1.0} every step seats the scenario's expert opposite
+    the learner (its actor, never trained), logs the learner's score against it and leaves the pool's
+    ratings alone; a name the scenario's `opponents` lacks is a located error before training."""
+    from trainers.run import RunOptions, prepare
+
+    path = tmp_path / "race.yaml"
+    path.write_text(race_yaml(8, train="  stages: [main]\n  selfplay: {fixed_opponents: {expert: 1.0}}\n")
+                    + "expert: expert_lib:add\nopponents: {expert: expert}\n")
+    (tmp_path / "expert_lib.py").write_text(
+        "def add(agent, observation, task):\n    return str(eval(observation.rstrip('=')))\n")
+    _, _, _, trainer = prepare(RunOptions(str(path), ["train.group_size=4", "train.prompts_per_step=2"]),
+                               log=lambda *_: None)
+    metrics = [trainer.step() for _ in range(2)]
+    assert all(m["selfplay/against_fixed"] == 1.0 and m["selfplay/against_snapshot"] == 0.0 for m in metrics)
+    seats = {tuple(sorted(e.job.seats.items())) for e in trainer.last_step.episodes}
+    assert seats <= {(("first", "fixed:expert"),), (("second", "fixed:expert"),)} and len(seats) == 2
+    for episode in trainer.last_step.episodes:  # the expert's turns are its own, never a training sample
+        [opposite] = episode.job.seats
+        assert all(turn.actor is None for turn in episode.turns if turn.agent == opposite)
+    # the expert always adds correctly: the learner at best draws (0.5), never wins
+    assert all(0.0 <= m["selfplay/fixed/expert/score"] <= 0.5 for m in metrics)
+    assert trainer.pool.ratings_metrics() == {"selfplay/pool_size": 1, "selfplay/rating/learner": 1000.0,
+                                              "selfplay/rating/step-0": 1000.0}
+
+    path.write_text(path.read_text().replace("{expert: 1.0}", "{minimax: 0.5}"))
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and "no opponent 'minimax'" in err and "Traceback" not in err
+
+
 def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_dir, tmp_path):
     import itertools
     import shutil

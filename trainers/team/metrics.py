@@ -79,8 +79,27 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
     metrics.update(bucket_metrics(trainer.buckets))
     if trainer.pool is not None:
         metrics.update(trainer.pool.ratings_metrics())
-        metrics["selfplay/against_snapshot"] = float(opponent is not None)
+        fixed = opponent is not None and opponent.startswith("fixed:")
+        metrics["selfplay/against_snapshot"] = float(opponent is not None and not fixed)
+        metrics["selfplay/against_fixed"] = float(fixed)
+        if fixed:
+            metrics[f"selfplay/{opponent.replace(':', '/')}/score"] = fixed_opponent_score(episodes, trainer.agents,
+                                                                                       opponent)
     return metrics
+
+
+def fixed_opponent_score(episodes, agents, opponent: str) -> float:
+    """The learner's mean match score (1 win, 0.5 draw, 0 loss) against the fixed opponent seated as
+    `opponent` this step (NaN when no episode was scored)."""
+    from marl.selfplay import match_score
+
+    scores = []
+    for episode in episodes:
+        if any(math.isnan(episode.rewards.get(a, math.nan)) for a in agents):
+            continue
+        learner = [a for a in agents if episode.job.seats.get(a) != opponent]
+        scores.append(match_score(episode.rewards, learner, [a for a in agents if a not in learner]))
+    return statistics.fmean(scores) if scores else math.nan
 
 
 def signal_share(episodes, agents, group_size: int) -> float:

@@ -50,6 +50,12 @@ from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, lo
 from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
 
 OPPONENT = "opponent"
+FIXED = "fixed:"  # the actor and opponent id of a fixed opponent: FIXED + its name in the scenario's `opponents`
+
+
+def _opponent_actor(opponent: str) -> str:
+    """The actor that plays the opponent's seats: a fixed opponent's own, else the snapshot actor."""
+    return opponent if opponent.startswith(FIXED) else OPPONENT
 MASKED_WINDOW = 5  # steps over which the masked share is judged
 
 
@@ -201,7 +207,7 @@ class MultiAgentTrainer:
             seats = {}
             if opponent is not None:
                 learner_seat = self.agents[(self.step_count + index) % len(self.agents)]
-                seats = {agent: OPPONENT for agent in self.agents if agent != learner_seat}
+                seats = {agent: _opponent_actor(opponent) for agent in self.agents if agent != learner_seat}
             for member in range(g):
                 seed = self.config.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
                 jobs.append(EpisodeJob(task, seed, seats=seats, prefix=prefix.get(task.id, "")))
@@ -358,17 +364,40 @@ class MultiAgentTrainer:
         return pool
 
     def _pick_opponent(self):
-        """None (self-play) or the pool id of the snapshot the learner faces this step."""
-        if self.pool is None or self.rng.random() < self.spec.train.selfplay.self_play_fraction:
+        """None (self-play), a fixed opponent (FIXED + its name: train.selfplay.fixed_opponents) or the
+        pool id of the snapshot the learner faces this step."""
+        settings = self.spec.train.selfplay
+        if self.pool is None:
+            return None
+        if settings.fixed_opponents:  # drawn only when configured: runs without them keep their draws
+            draw = self.rng.random()
+            for name, share in settings.fixed_opponents.items():
+                if draw < share:
+                    return self._fixed_opponent(name)
+                draw -= share
+        if self.rng.random() < settings.self_play_fraction:
             return None
         opponent_id, snapshot = self.pool.sample()
         self.actors[OPPONENT].model.load_state_dict(snapshot)
         return opponent_id
 
+    def _fixed_opponent(self, name: str) -> str:
+        """The id of the scenario's fixed opponent `name`, its actor built on first use."""
+        from marl.policies import get_policy
+        from marl.rollout import PolicyActor
+
+        opponent = FIXED + name
+        if opponent not in self.actors:  # called in seat order, as a loop over the agents would (seeded)
+            policy = get_policy(self.spec.opponents[name], self.scenario, self.config.seed)
+            self.actors[opponent] = PolicyActor(policy, order=self.agents)
+        return opponent
+
     def _record_matches(self, batch, opponent) -> None:
+        """Match results against a pool snapshot go to its ratings; a fixed opponent has none (its
+        score is the step's selfplay/fixed/NAME/score)."""
         from marl.selfplay import match_score
 
-        if opponent is None:
+        if opponent is None or opponent.startswith(FIXED):
             return
         for episode in batch.episodes:
             learner = [a for a in self.agents if episode.job.seats.get(a) != OPPONENT]

@@ -1,0 +1,167 @@
+"""Benchmark self-play against the opponent pool on the two games with exact referees.
+
+Run from a checkout: `python bench/selfplay.py` (both games, 3 conditions x 2 seeds x 100 steps:
+about 2 hours on a 2-core CPU), `--games tictactoe --seeds 1 --steps 60` for a shorter look, or
+`--quick` (1 seed x 1 step of each condition and game, for tests/integration/test_benchmarks.py).
+
+Conditions, differing only in `train.selfplay` (everything else is the scenario's defaults):
+
+    self     pure self-play: the learner plays only itself (self_play_fraction 1)
+    pool     the default pool: half the steps against a snapshot drawn by prioritised fictitious
+             self-play (snapshots every 10 steps, Elo ratings), half against itself
+    fixed    the pool, plus a quarter of the steps against a fixed opponent of the scenario
+             (`train.selfplay.fixed_opponents`): tic-tac-toe's random player (never minimax, which
+             is what the evaluation measures), Kuhn poker's equilibrium player
+
+Measured per (game, condition, seed) at step 0 and every `--eval-every` steps, greedy, on the
+scenario's held-out tasks (`trainers.team.evaluation.evaluate_team`):
+
+    tictactoe   vs/minimax/not_lost: games not lost against the perfect minimax player, both seats
+                (1 is the best reachable); vs/random/not_lost too
+    kuhn_poker  game/exploitability: exact, from the game tree (0 at an equilibrium; lower is better)
+
+The summary gives each curve's best and last value, and the drop from the best to the last (the
+collapse pure self-play shows on tic-tac-toe). The last line, `ratio: ...`, is the pool-with-fixed-
+opponent condition's last tic-tac-toe not-lost share over pure self-play's (the anchor, trained in
+this run), each floored at one game in the evaluation set so that a collapse to 0 stays finite
+(with `--games kuhn_poker` alone: pure self-play's last exploitability over the fixed condition's).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GAMES = {  # game -> (the figure followed, whether higher is better, the fixed opponent of `fixed`)
+    "tictactoe": ("vs/minimax/not_lost", True, "random"),
+    "kuhn_poker": ("game/exploitability", False, "nash"),
+}
+CONDITIONS = ("self", "pool", "fixed")
+
+
+def condition_settings(condition: str, game: str, seed: int) -> list[str]:
+    """--set overrides of one condition (see the module doc)."""
+    settings = [f"train.seed={seed}", "train.threads=1"]
+    if condition == "self":
+        return settings + ["train.selfplay.self_play_fraction=1.0"]
+    if condition == "fixed":
+        return settings + [f"train.selfplay.fixed_opponents={{{GAMES[game][2]}: 0.25}}"]
+    return settings
+
+
+def train_condition(game: str, settings: list[str], steps: int, eval_every: int) -> dict:
+    """Train `steps` steps; the held-out figures at step 0 and every `eval_every` steps."""
+    from trainers.run import RunOptions, prepare
+    from trainers.team.evaluation import evaluate_team
+
+    _, _, eval_tasks, trainer = prepare(RunOptions(game, settings), log=lambda message: None)
+    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks))], 0.0
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        trainer.step()
+        seconds += time.perf_counter() - started
+        if step % eval_every == 0 or step == steps:
+            curve.append((step, evaluate_team(trainer.player, eval_tasks)))
+    return {"curve": curve, "seconds": seconds, "games": len(eval_tasks)}
+
+
+def summary(run: dict, figure: str, higher: bool) -> dict:
+    """First, best and last value of the figure, and the drop from the best to the last."""
+    values = [(step, figures[figure]) for step, figures in run["curve"] if figure in figures]
+    best_step, best = (max if higher else min)(values, key=lambda point: point[1])
+    last = values[-1][1]
+    return {"first": values[0][1], "best": best, "best_step": best_step, "last": last,
+            "drop": (best - last) if higher else (last - best)}
+
+
+def print_game(game: str, results: dict, seeds: list[int]) -> dict:
+    """The curves and the per-condition summary of one game; returns the mean last value per condition."""
+    figure, higher, _ = GAMES[game]
+    print(f"\n{game}: {figure} ({'higher' if higher else 'lower'} is better) by step")
+    for (condition, seed), run in results.items():
+        points = " ".join(f"{step}:{figures.get(figure, float('nan')):.3f}" for step, figures in run["curve"])
+        extra = ""
+        if game == "tictactoe":
+            extra = "  vs random " + " ".join(f"{figures.get('vs/random/not_lost', float('nan')):.2f}"
+                                             for _, figures in run["curve"])
+        print(f"  {condition:<5} seed {seed}: {points}{extra}")
+    print(f"  {'':<5} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
+    lasts = {}
+    for condition in CONDITIONS:
+        rows = [summary(results[condition, seed], figure, higher) for seed in seeds]
+        mean = {key: statistics.fmean(row[key] for row in rows) for key in rows[0]}
+        per_step = statistics.fmean(results[condition, seed]["seconds"] for seed in seeds) / \
+            max(1, results[condition, seeds[0]]["curve"][-1][0])
+        print(f"  {condition:<5} {mean['first']:>6.3f} {mean['best']:>6.3f} {mean['best_step']:>6.0f} "
+              f"{mean['last']:>6.3f} {mean['drop']:>6.3f} {per_step:>7.2f}")
+        lasts[condition] = mean["last"]
+    return lasts
+
+
+def parse_args(argv=None):
+    """Command-line options (see --help)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--games", default="tictactoe,kuhn_poker", help="games, comma-separated (default both)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per condition (0..N-1; default 2)")
+    parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default 10)")
+    parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of every condition and game")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.eval_every = 1, 1, 1
+    args.games = [game.strip() for game in args.games.split(",") if game.strip()]
+    unknown = [game for game in args.games if game not in GAMES]
+    if unknown or not args.games:
+        parser.error(f"--games: {', '.join(unknown) or 'none given'}; choose from {', '.join(GAMES)}")
+    return args
+
+
+def main(argv=None) -> int:
+    """Train every condition on every game and seed; print the curves, the summaries and the ratio."""
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from trainers.cli.common import quiet_libraries
+
+    quiet_libraries()
+    torch.set_num_threads(1)
+    seeds = list(range(args.seeds))
+    print(f"self-play conditions {', '.join(CONDITIONS)}; games {', '.join(args.games)}; {args.seeds} seeds x "
+          f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks")
+    lasts, games_per_eval = {}, {}
+    for game in args.games:
+        results = {}
+        for seed in seeds:
+            for condition in CONDITIONS:
+                run = train_condition(game, condition_settings(condition, game, seed), args.steps, args.eval_every)
+                results[condition, seed] = run
+                games_per_eval[game] = run["games"]
+                print(f"  {game} {condition:<5} seed {seed}: {run['seconds']:.0f} s training", flush=True)
+        lasts[game] = print_game(game, results, seeds)
+    if "tictactoe" not in lasts:  # Kuhn poker alone: exploitability, lower is better
+        last = lasts["kuhn_poker"]
+        ratio = max(last["self"], 1e-3) / max(last["fixed"], 1e-3)
+        print(f"ratio: {ratio:.2f} (kuhn_poker exploitability at the last step, pure self-play / pool with a fixed "
+              f"opponent, each floored at 0.001; anchor: pure self-play, trained in this run)")
+        return 0
+    floor = 1 / (2 * games_per_eval["tictactoe"])  # one game of the evaluation (both seats)
+    last = lasts["tictactoe"]
+    ratio = max(last["fixed"], floor) / max(last["self"], floor)
+    print(f"ratio: {ratio:.2f} (tictactoe not lost vs minimax at the last step, pool with a fixed opponent / "
+          f"pure self-play, each floored at {floor:.3f}; anchor: pure self-play, trained in this run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
