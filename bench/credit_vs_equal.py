@@ -258,10 +258,19 @@ def parse_args(argv=None):
     return args
 
 
+def held_out_settings(scenario_path: Path, eval_tasks: int) -> list[str]:
+    """--set overrides for `eval_tasks` held-out tasks with the scenario's own training tasks: the
+    generator's first count - eval_count tasks train, the next `eval_tasks` are held out."""
+    from marl.scenario.load import load_scenario
+
+    tasks = load_scenario(scenario_path).spec.tasks
+    return [f"tasks.count={tasks.count - tasks.eval_count + eval_tasks}", f"tasks.eval_count={eval_tasks}"]
+
+
 def run_setting(scenario_path: Path, p: float, seeds: list[int], args) -> dict:
     """Both conditions on every seed at one free-rider accuracy; prints the curves and the table."""
     results = {}
-    held_out = [f"tasks.count={600 + args.eval_tasks}", f"tasks.eval_count={args.eval_tasks}"]  # same training tasks
+    held_out = held_out_settings(scenario_path, args.eval_tasks)
     for seed in seeds:
         for method in ("team", "shapley"):
             settings = overrides(method, args.absent, seed, args.rollouts) + held_out + \
