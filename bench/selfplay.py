@@ -84,7 +84,7 @@ def summary(run: dict, figure: str, higher: bool) -> dict:
             "drop": (best - last) if higher else (last - best)}
 
 
-def print_game(game: str, results: dict, seeds: list[int]) -> dict:
+def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]) -> dict:
     """The curves and the per-condition summary of one game; returns the mean last value per condition."""
     figure, higher, _ = GAMES[game]
     print(f"\n{game}: {figure} ({'higher' if higher else 'lower'} is better) by step")
@@ -97,7 +97,7 @@ def print_game(game: str, results: dict, seeds: list[int]) -> dict:
         print(f"  {condition:<5} seed {seed}: {points}{extra}")
     print(f"  {'':<5} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
     lasts = {}
-    for condition in CONDITIONS:
+    for condition in conditions:
         rows = [summary(results[condition, seed], figure, higher) for seed in seeds]
         mean = {key: statistics.fmean(row[key] for row in rows) for key in rows[0]}
         per_step = statistics.fmean(results[condition, seed]["seconds"] for seed in seeds) / \
@@ -115,6 +115,10 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=2, help="seeds per condition (0..N-1; default 2)")
     parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
     parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default 10)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a scenario override applied to every condition (repeatable), e.g. train.beta=0.04")
+    parser.add_argument("--conditions", default=",".join(CONDITIONS),
+                        help=f"conditions to run, comma-separated (default {','.join(CONDITIONS)})")
     parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of every condition and game")
     args = parser.parse_args(argv)
     if args.quick:
@@ -123,6 +127,9 @@ def parse_args(argv=None):
     unknown = [game for game in args.games if game not in GAMES]
     if unknown or not args.games:
         parser.error(f"--games: {', '.join(unknown) or 'none given'}; choose from {', '.join(GAMES)}")
+    args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if not args.conditions or any(c not in CONDITIONS for c in args.conditions):
+        parser.error(f"--conditions: choose from {', '.join(CONDITIONS)}")
     return args
 
 
@@ -137,28 +144,39 @@ def main(argv=None) -> int:
     quiet_libraries()
     torch.set_num_threads(1)
     seeds = list(range(args.seeds))
-    print(f"self-play conditions {', '.join(CONDITIONS)}; games {', '.join(args.games)}; {args.seeds} seeds x "
-          f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks")
+    print(f"self-play conditions {', '.join(args.conditions)}; games {', '.join(args.games)}; {args.seeds} seeds x "
+          f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks"
+          + (f"; every condition with {' '.join(args.settings)}" if args.settings else ""))
     lasts, games_per_eval = {}, {}
     for game in args.games:
         results = {}
         for seed in seeds:
-            for condition in CONDITIONS:
-                run = train_condition(game, condition_settings(condition, game, seed), args.steps, args.eval_every)
+            for condition in args.conditions:
+                settings = condition_settings(condition, game, seed) + args.settings
+                run = train_condition(game, settings, args.steps, args.eval_every)
                 results[condition, seed] = run
                 games_per_eval[game] = run["games"]
                 print(f"  {game} {condition:<5} seed {seed}: {run['seconds']:.0f} s training", flush=True)
-        lasts[game] = print_game(game, results, seeds)
+        lasts[game] = print_game(game, results, seeds, args.conditions)
     if "tictactoe" not in lasts:  # Kuhn poker alone: exploitability, lower is better
         last = lasts["kuhn_poker"]
-        ratio = max(last["self"], 1e-3) / max(last["fixed"], 1e-3)
-        print(f"ratio: {ratio:.2f} (kuhn_poker exploitability at the last step, pure self-play / pool with a fixed "
-              f"opponent, each floored at 0.001; anchor: pure self-play, trained in this run)")
+        if "self" not in last or len(last) < 2:
+            print("ratio: skipped (--conditions must include self and another to compare; the anchor is pure "
+                  "self-play)")
+            return 0
+        best = "fixed" if "fixed" in last else next(c for c in last if c != "self")
+        ratio = max(last["self"], 1e-3) / max(last[best], 1e-3)
+        print(f"ratio: {ratio:.2f} (kuhn_poker exploitability at the last step, pure self-play / {best}, each "
+              f"floored at 0.001; anchor: pure self-play, trained in this run)")
         return 0
     floor = 1 / (2 * games_per_eval["tictactoe"])  # one game of the evaluation (both seats)
     last = lasts["tictactoe"]
-    ratio = max(last["fixed"], floor) / max(last["self"], floor)
-    print(f"ratio: {ratio:.2f} (tictactoe not lost vs minimax at the last step, pool with a fixed opponent / "
+    if "self" not in last or len(last) < 2:
+        print("ratio: skipped (--conditions must include self and another to compare; the anchor is pure self-play)")
+        return 0
+    best = "fixed" if "fixed" in last else next(c for c in last if c != "self")
+    ratio = max(last[best], floor) / max(last["self"], floor)
+    print(f"ratio: {ratio:.2f} (tictactoe not lost vs minimax at the last step, {best} / "
           f"pure self-play, each floored at {floor:.3f}; anchor: pure self-play, trained in this run)")
     return 0
 

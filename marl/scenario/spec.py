@@ -258,7 +258,8 @@ own model directory) are fine-tuned gently, LoRA adapters at a larger lr since o
 
 
 class WarmupSpec(Strict):
-    """Stage 1: SFT on expert demonstrations until the format is right, then a short low-lr RL check."""
+    """Stage 1: SFT on expert demonstrations until the format is right and each agent succeeds often enough
+    among expert teammates, within a time budget; then a short low-lr RL check."""
 
     sft_max_steps: int | None = Field(None, ge=0, description="most SFT steps of each learner (0: no SFT; default: "
                                       "300 for the tiny model, 50 for pretrained weights)")
@@ -267,6 +268,10 @@ class WarmupSpec(Strict):
     sft_batch_size: int = Field(32, ge=1)
     format_target: float = Field(0.9, ge=0, le=1, description="a learner whose agents' sampled answers pass the "
                                  "format layer this often skips SFT; SFT stops once they do")
+    accuracy_target: float = Field(0.2, ge=0, le=1, description="with an expert: SFT also goes on until each of "
+                                   "a learner's agents, sampled among expert teammates (or against the expert), "
+                                   "succeeds this often (0: the format alone decides)")
+    sft_time_budget_s: float = Field(300.0, gt=0, description="most seconds of warm-up SFT per learner")
     rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
     rl_lr_scale: float = Field(0.1, gt=0, le=1)
     samples_shown: int = Field(4, ge=0)

@@ -145,9 +145,18 @@ def _sft_batch(tokenizer, pairs: Sequence[tuple]) -> tuple[torch.Tensor, ...]:
     return ids, mask, labels
 
 
+@dataclass
+class ProbeResult:
+    """What a warm-up probe found: a figure for the history, whether SFT may stop, and the words logged."""
+
+    value: float
+    reached: bool
+    text: str
+
+
 def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLMRecipe,
-               accuracy_fn: Callable[[object], float] | None = None,
-               log: Callable[[str], None] = print) -> dict:
+               accuracy_fn: Callable[[object], float | ProbeResult] | None = None,
+               log: Callable[[str], None] = print, time_budget_s: float | None = None) -> dict:
     """Supervised warm-up on (prompt, answer[, end id]) demonstrations, loss on the answer and its end
     token only (eos unless the demonstration names one). Prompts are used as given: the warm-up stage
     renders them as the model sees them when acting (trainers/policy/prompts.py).
@@ -156,8 +165,10 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
     AdapterPolicy (trainers/policy/adapters.py), whose parameters are its adapter's alone, so only the
     adapter trains and the frozen base stays bit-identical. Every `sft_eval_every` steps
     `accuracy_fn(model)` is called (sampled accuracy, or format compliance, on a probe set); training
-    stops once it reaches the recipe's target. Returns a small report (steps, final loss, accuracy
-    history, seconds).
+    stops once it reaches the recipe's target (or, when it returns a ProbeResult, once that says
+    `reached`). With `time_budget_s`, training also stops at the first probe (or step, without one)
+    past that many seconds. Returns a small report (steps, final loss, accuracy history, seconds,
+    whether the target was reached and whether the budget ran out).
     """
     if not demonstrations:
         raise ValueError("sft_warmup needs at least one demonstration")
@@ -166,6 +177,7 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, recipe.sft_warmup_steps)))
     history, loss, started, step = [], float("nan"), time.perf_counter(), 0
+    reached = out_of_time = False
     for step in range(1, recipe.sft_max_steps + 1):
         model.train()
         pick = torch.randint(len(demonstrations), (recipe.sft_batch_size,), generator=generator).tolist()
@@ -182,13 +194,21 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
                 f"{(time.perf_counter() - started) / step:.2f} s/step")
         if accuracy_fn is not None and step % recipe.sft_eval_every == 0:
             model.eval()
-            accuracy = accuracy_fn(model)
-            history.append({"step": step, "loss": loss, "accuracy": accuracy})
-            log(f"  sft step {step:4d}  loss {loss:.3f}  sampled accuracy {accuracy:.3f}")
-            if accuracy >= recipe.sft_target_accuracy:
+            probe = accuracy_fn(model)
+            if not isinstance(probe, ProbeResult):
+                probe = ProbeResult(probe, probe >= recipe.sft_target_accuracy, f"sampled accuracy {probe:.3f}")
+            history.append({"step": step, "loss": loss, "accuracy": probe.value})
+            log(f"  sft step {step:4d}  loss {loss:.3f}  {probe.text}")
+            if probe.reached:
+                reached = True
                 break
+        if time_budget_s is not None and time.perf_counter() - started > time_budget_s and \
+                (accuracy_fn is None or step % recipe.sft_eval_every == 0):
+            out_of_time = True
+            break
     model.eval()
-    return {"steps": step, "final_loss": loss, "history": history, "seconds": time.perf_counter() - started}
+    return {"steps": step, "final_loss": loss, "history": history, "seconds": time.perf_counter() - started,
+            "reached": reached, "out_of_time": out_of_time}
 
 
 def save_atomically(model, tokenizer, target: Path, extra: dict) -> None:

@@ -90,6 +90,40 @@ def learner_compliance(player, tasks: list[Task], agents_of: dict[str, list[str]
     return team, own
 
 
+PROBE_EXPERT = "probe:expert"  # the actor the accuracy probe seats opposite (or beside) each agent
+
+
+def agent_accuracy(player, tasks: list[Task], agents: list[str], seed: int = 0) -> dict[str, float]:
+    """agent -> the share of `tasks` on which its own sampled play succeeds with the scenario's expert in
+    every other seat: the team's success in a cooperative scenario (its teammates playing their parts
+    perfectly), a game not lost against the expert in a competitive one. What RL can build on: an agent
+    whose every group fails gives GRPO nothing to compare. NaN without an expert or in a mixed scenario.
+    All agents' episodes are played in one batch."""
+    from marl.policies import get_policy
+    from marl.rollout import EpisodeJob, PolicyActor
+    from trainers.team.metrics import success
+
+    scenario = player.scenario
+    if scenario.spec.expert is None or scenario.spec.mode == "mixed" or not tasks:
+        return {agent: math.nan for agent in agents}
+    player.actors[PROBE_EXPERT] = PolicyActor(get_policy("expert", scenario, seed), order=scenario.agent_names)
+    try:
+        jobs = [EpisodeJob(task, seed + index, seats={a: PROBE_EXPERT for a in scenario.agent_names if a != agent})
+                for agent in agents for index, task in enumerate(tasks)]
+        episodes = player.play(jobs).episodes
+    finally:
+        del player.actors[PROBE_EXPERT]
+    shares = {}
+    for position, agent in enumerate(agents):
+        played = episodes[position * len(tasks):(position + 1) * len(tasks)]
+        if scenario.spec.mode == "cooperative":
+            values = [success(e, "cooperative") for e in played]
+        else:
+            values = [float(e.rewards[agent] >= -1e-9) for e in played if not math.isnan(e.rewards.get(agent, math.nan))]
+        shares[agent] = _mean([v for v in values if not math.isnan(v)])
+    return shares
+
+
 def _scored_answers(player, episode) -> list[tuple[str, float]]:
     """(agent whose answer it is, format layer) of each breakdown of an episode that has one."""
     pairs = []
@@ -147,7 +181,9 @@ def sft_recipe(settings, pretrained: bool):
 
 def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) -> dict:
     """SFT each learner (trainable model actor) on its agents' expert demonstrations until its own
-    agents' format compliance reaches the target; a learner that meets it already does not train.
+    agents' format compliance reaches `format_target` and, with an expert, each of its agents succeeds
+    at least `accuracy_target` of the time among expert teammates (`agent_accuracy`), within
+    `sft_time_budget_s`; a learner that meets both already does not train.
 
     A learner's lr and step budget come from `learner_settings` (the tiny model's, or gentler ones for
     pretrained weights); with LoRA its model is an AdapterPolicy, so SFT trains its adapter alone.
@@ -158,36 +194,65 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     probe, agents_of = tasks[:64], _agents_of(trainer, scenario)
     plans = {name: learner_settings(scenario, name, trainer.actors[name].model, settings) for name in trainer.learners}
     before, start = learner_compliance(trainer.player, probe, agents_of)
+    accuracy = _learner_accuracy(trainer.player, probe, agents_of, settings)
     report = {"format_before": before, "sft_steps": 0, "learners": {
-        name: {"format_before": start[name], "sft_steps": 0, "sft_lr": plan.sft_lr, "sft_max_steps": plan.sft_max_steps}
+        name: {"format_before": start[name], "accuracy_before": accuracy[name], "sft_steps": 0,
+               "sft_lr": plan.sft_lr, "sft_max_steps": plan.sft_max_steps}
         for name, plan in plans.items()}}
     needs = [name for name, plan in plans.items()
-             if plan.sft_max_steps > 0 and not math.isnan(start[name]) and start[name] < settings.format_target]
+             if plan.sft_max_steps > 0 and not _ready(start[name], accuracy[name], settings)]
     # one tiny-model learner prints what it always printed; several learners or pretrained ones add a line each
     each = len(plans) > 1 or any(is_pretrained(scenario, name) for name in plans)
-    if not needs and math.isnan(before):  # nothing scores the format (e.g. negotiation): nothing to warm up on
-        log("warm-up: the scenario has no format scorers (rewards.format), so format compliance is not measured; "
-            "no SFT")
-        _log_learners(report["learners"], settings.format_target, each, log)
+    shown = _accuracy_text(accuracy, settings)
+    if not needs and math.isnan(before):  # nothing scores the format (e.g. negotiation)
+        log("warm-up: the scenario has no format scorers (rewards.format), so format compliance is not measured"
+            f"{shown}; no SFT")
+        _log_learners(report["learners"], settings, each, log)
         return report
     if not needs:
-        log(f"warm-up: format compliance {before:.2f} (target {settings.format_target}); no SFT needed")
-        _log_learners(report["learners"], settings.format_target, each, log)
+        log(f"warm-up: format compliance {before:.2f} (target {settings.format_target}){shown}; no SFT needed")
+        _log_learners(report["learners"], settings, each, log)
         return report
     turns = expert_turns(scenario, tasks)
-    log(f"warm-up: format compliance {before:.2f}; SFT on {len(turns)} expert demonstrations")
+    log(f"warm-up: format compliance {before:.2f}{shown}; SFT on {len(turns)} expert demonstrations")
     for name in needs:
-        steps = _train_learner(trainer, name, plans[name], is_pretrained(scenario, name), turns, probe,
-                               agents_of, log)
-        report["learners"][name]["sft_steps"] = steps
-        report["sft_steps"] += steps
+        result = _train_learner(trainer, name, plans[name], is_pretrained(scenario, name), turns, probe,
+                                agents_of, settings, log)
+        report["learners"][name].update(sft_steps=result["steps"], out_of_time=bool(result.get("out_of_time")))
+        report["sft_steps"] += result["steps"]
     report["format_after"], end = learner_compliance(trainer.player, probe, agents_of)
+    after = _learner_accuracy(trainer.player, probe, agents_of, settings)
     for name in plans:
-        report["learners"][name]["format_after"] = end[name]
+        report["learners"][name].update(format_after=end[name], accuracy_after=after[name])
     over = f" in all, over {len(needs)} learners" if len(needs) > 1 else ""  # each learner's own line follows
-    log(f"warm-up: format compliance {report['format_after']:.2f} after {report['sft_steps']} SFT steps{over}")
-    _log_learners(report["learners"], settings.format_target, each, log)
+    log(f"warm-up: format compliance {report['format_after']:.2f}{_accuracy_text(after, settings)} after "
+        f"{report['sft_steps']} SFT steps{over}")
+    _log_learners(report["learners"], settings, each, log)
     return report
+
+
+def _learner_accuracy(player, probe, agents_of: dict, settings) -> dict[str, dict[str, float]]:
+    """learner -> {agent: accuracy among experts} (empty when accuracy_target is 0: not measured)."""
+    if settings.accuracy_target <= 0:
+        return {name: {} for name in agents_of}
+    shares = agent_accuracy(player, probe, [agent for agents in agents_of.values() for agent in agents])
+    return {name: {agent: shares[agent] for agent in agents} for name, agents in agents_of.items()}
+
+
+def _ready(compliance: float, accuracy: dict[str, float], settings) -> bool:
+    """Whether a learner may skip (or stop) SFT: its format meets the target (or is not measured) and every
+    one of its agents' measured accuracy meets accuracy_target."""
+    format_ok = math.isnan(compliance) or compliance >= settings.format_target
+    return format_ok and all(math.isnan(v) or v >= settings.accuracy_target for v in accuracy.values())
+
+
+def _accuracy_text(accuracy: dict[str, dict[str, float]], settings) -> str:
+    """', accuracy among experts left 0.31, final 0.25 (target 0.2)', or '' when nothing was measured."""
+    shares = {agent: value for agents in accuracy.values() for agent, value in agents.items() if not math.isnan(value)}
+    if not shares:
+        return ""
+    listed = ", ".join(f"{agent} {value:.2f}" for agent, value in shares.items())
+    return f", accuracy among experts {listed} (target {settings.accuracy_target})"
 
 
 def _agents_of(trainer, scenario) -> dict[str, list[str]]:
@@ -198,29 +263,41 @@ def _agents_of(trainer, scenario) -> dict[str, list[str]]:
             for name in trainer.learners}
 
 
-def _train_learner(trainer, name: str, plan, pretrained: bool, turns, probe, agents_of, log) -> int:
+def _train_learner(trainer, name: str, plan, pretrained: bool, turns, probe, agents_of, settings, log) -> dict:
     """SFT one learner on its agents' demonstrations (every agent's when its own have none) until its
-    agents' compliance reaches the target; returns the steps taken."""
+    agents' compliance and accuracy reach their targets or its time budget is spent; sft_warmup's report."""
     from trainers.policy.prompts import DEFAULT_STYLE, demonstration
-    from trainers.policy.tinylm import sft_warmup
+    from trainers.policy.tinylm import ProbeResult, sft_warmup
 
     actor, agents = trainer.actors[name], agents_of[name]
     own = [turn for turn in turns if turn[0] in agents] or turns
     demonstrations = [demonstration(actor.tokenizer, observation, message, actor.styles.get(agent, DEFAULT_STYLE))
                       for agent, observation, message in own]
-    result = sft_warmup(actor.model, actor.tokenizer, demonstrations, sft_recipe(plan, pretrained),
-                        lambda model: learner_compliance(trainer.player, probe, {name: agents})[1][name], log)
-    return result["steps"]
+
+    def probe_learner(model) -> ProbeResult:
+        compliance = learner_compliance(trainer.player, probe, {name: agents})[1][name]
+        accuracy = _learner_accuracy(trainer.player, probe, {name: agents}, settings)
+        text = f"format compliance {compliance:.2f}{_accuracy_text(accuracy, settings)}"
+        return ProbeResult(compliance, _ready(compliance, accuracy[name], settings), text)
+
+    result = sft_warmup(actor.model, actor.tokenizer, demonstrations, sft_recipe(plan, pretrained), probe_learner, log,
+                        time_budget_s=settings.sft_time_budget_s)
+    if result.get("out_of_time"):
+        log(f"  learner {name}: the warm-up's time budget ({settings.sft_time_budget_s:g} s, "
+            "train.warmup.sft_time_budget_s) ran out before its targets were met; RL starts from here")
+    return result
 
 
-def _log_learners(learners: dict, target: float, each: bool, log) -> None:
+def _log_learners(learners: dict, settings, each: bool, log) -> None:
     """One line per learner: compliance before, SFT steps (and lr), compliance after."""
     if not each:
         return
     for name, row in learners.items():
         if not row["sft_steps"]:
-            why = "meets the target" if row["format_before"] >= target else "not measured" \
-                if math.isnan(row["format_before"]) else "no SFT steps allowed"
+            ready = _ready(row["format_before"], row["accuracy_before"], settings)
+            why = "meets the targets" if ready else "no SFT steps allowed"
+            if math.isnan(row["format_before"]) and not row["accuracy_before"]:
+                why = "not measured"
             log(f"  learner {name}: format compliance {row['format_before']:.2f} ({why}); no SFT")
         else:
             log(f"  learner {name}: format compliance {row['format_before']:.2f} -> {row['format_after']:.2f} "

@@ -23,7 +23,8 @@ from trainers.policy.actors import build_actors
 from trainers.policy.tinylm import TinyLMRecipe
 from trainers.stages import warmup
 
-RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message"]
+# accuracy_target 0: the format alone decides (the accuracy probe is tested on its own, below)
+RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message", "train.warmup.accuracy_target=0"]
 FINAL_OWN = ["agents.2.policy=own"]  # two learners: 'shared' (left, right) and 'final'
 
 
@@ -147,7 +148,7 @@ def test_one_learner_skips_while_the_other_trains(micro_dir, monkeypatch):
     assert {name: row["sft_steps"] for name, row in report["learners"].items()} == {"shared": 0, "final": 30}
     assert _same(before["shared"], trainer.actors["shared"].model)
     assert not _same(before["final"], trainer.actors["final"].model)
-    assert "  learner shared: format compliance 0.95 (meets the target); no SFT" in lines
+    assert "  learner shared: format compliance 0.95 (meets the targets); no SFT" in lines
 
 
 def _scripted_player(*policies, overrides=()):
@@ -215,3 +216,52 @@ def test_a_scenario_without_format_scorers_says_so_instead_of_nan(micro_dir):
     assert lines == ["warm-up: the scenario has no format scorers (rewards.format), so format compliance is not "
                      "measured; no SFT"]
     assert not any("nan" in line for line in lines)
+
+
+class AccuracySchedule:
+    """Stands in for agent_accuracy: every agent's accuracy at successive measurements (the last repeats)."""
+
+    def __init__(self, values):
+        self.values, self.calls = list(values), 0
+
+    def __call__(self, player, tasks, agents, seed=0):
+        self.calls += 1
+        value = self.values.pop(0) if len(self.values) > 1 else self.values[0]
+        return {agent: value for agent in agents}
+
+
+def test_accuracy_among_experts_is_each_agents_own_play_with_expert_teammates():
+    """left plays the expert, right says nothing, final plays the expert: with experts in the other seats,
+    left's and final's teams succeed every time and right's never (its silence breaks the sum)."""
+    player, tasks = _scripted_player("expert", "'null'", "expert")
+    assert warmup.agent_accuracy(player, tasks, ["left", "right", "final"]) == {"left": 1.0, "right": 0.0,
+                                                                                  "final": 1.0}
+    assert warmup.PROBE_EXPERT not in player.actors  # the probe's expert seat is gone afterwards
+
+
+def test_sft_goes_on_until_every_agent_succeeds_among_experts(micro_dir, monkeypatch):
+    """The format is met from the start, but the agents succeed 0.0, then 0.1, then 0.3 of the time among
+    experts: with accuracy_target 0.2 SFT runs to its second check (step 50) and stops there."""
+    scenario = load_scenario("relay", RELAY + ["train.warmup.accuracy_target=0.2"])
+    trainer = _trainer(scenario, micro_dir)
+    monkeypatch.setattr(warmup, "learner_compliance", Schedule(shared=[0.95]))
+    monkeypatch.setattr(warmup, "agent_accuracy", AccuracySchedule([0.0, 0.1, 0.3]))
+    lines = []
+    report = _stage(trainer, scenario, lines)
+    assert report["learners"]["shared"]["sft_steps"] == 50
+    assert report["learners"]["shared"]["accuracy_before"] == {"left": 0.0, "right": 0.0, "final": 0.0}
+    assert report["learners"]["shared"]["accuracy_after"] == {"left": 0.3, "right": 0.3, "final": 0.3}
+    assert lines[0].startswith("warm-up: format compliance 0.50, accuracy among experts left 0.00, right 0.00, "
+                               "final 0.00 (target 0.2); SFT on ") and lines[0].endswith(" expert demonstrations")
+    assert any("accuracy among experts left 0.10" in line for line in lines)  # the first check's probe
+
+
+def test_the_time_budget_stops_sft_at_the_first_check_past_it(micro_dir, monkeypatch):
+    scenario = load_scenario("relay", RELAY + ["train.warmup.accuracy_target=0.2", "train.warmup.sft_time_budget_s=0.001"])
+    trainer = _trainer(scenario, micro_dir)
+    monkeypatch.setattr(warmup, "learner_compliance", Schedule(shared=[0.95]))
+    monkeypatch.setattr(warmup, "agent_accuracy", AccuracySchedule([0.0]))  # never reaches the target
+    lines = []
+    report = _stage(trainer, scenario, lines)
+    assert report["learners"]["shared"]["sft_steps"] == 25 and report["learners"]["shared"]["out_of_time"]
+    assert any("time budget (0.001 s, train.warmup.sft_time_budget_s) ran out" in line for line in lines)
