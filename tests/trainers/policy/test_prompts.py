@@ -175,7 +175,7 @@ def test_sft_demonstrations_are_rendered_as_acting_renders_them_and_end_with_the
     import trainers.stages.warmup as warmup
     from trainers.policy.actors import build_actors
 
-    scenario = _scenario("agents.1.chat_template=none")
+    scenario = _scenario("agents.1.chat_template=none", "train.warmup.accuracy_target=0")  # the format decides
     actors, _ = build_actors(scenario, real_model_dirs["qwen2"])
     seen = {}
     monkeypatch.setattr(warmup, "learner_compliance", lambda player, tasks, agents_of, seed=0:
