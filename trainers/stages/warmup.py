@@ -2,9 +2,10 @@
 
 Stages run in the order the scenario's `train.stages` lists them; each owns a number of RL steps:
 
-    warmup      SFT on the expert's demonstrations until the format is right (before any RL step),
-                then `warmup.rl_steps` low-lr RL steps that print samples with their scores: a check
-                of the reward function before the real run
+    warmup      SFT on the expert's demonstrations until the format is right and each agent succeeds
+                often enough among expert teammates (before any RL step, within a time budget), then
+                `warmup.rl_steps` low-lr RL steps that print samples with their scores: a check of
+                the reward function before the real run
     main        `train.steps` RL steps
     reflection  `reflection.steps` steps on tasks whose pass rate stayed low, retried with the
                 failure reason (trainers/stages/reflection.py)
