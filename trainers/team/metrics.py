@@ -79,7 +79,7 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
     metrics.update(bucket_metrics(trainer.buckets))
     if trainer.pool is not None:
         metrics.update(trainer.pool.ratings_metrics())
-        fixed = opponent is not None and opponent.startswith("fixed:")
+        fixed = opponent is not None and opponent.startswith(FIXED)
         metrics["selfplay/against_snapshot"] = float(opponent is not None and not fixed)
         metrics["selfplay/against_fixed"] = float(fixed)
         if fixed:
@@ -88,17 +88,27 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
     return metrics
 
 
-def fixed_opponent_score(episodes, agents, opponent: str) -> float:
-    """The learner's mean match score (1 win, 0.5 draw, 0 loss) against the fixed opponent seated as
-    `opponent` this step (NaN when no episode was scored)."""
+FIXED = "fixed:"  # the actor and opponent id of a fixed opponent: FIXED + its name in the scenario's `opponents`
+
+
+def match_scores(episodes, agents, opponent_actor: str) -> list[float]:
+    """The learner's match score (1 win, 0.5 draw, 0 loss) in each scored episode, the seats played by
+    `opponent_actor` being the other side (episodes with a masked reward are left out)."""
     from marl.selfplay import match_score
 
     scores = []
     for episode in episodes:
         if any(math.isnan(episode.rewards.get(a, math.nan)) for a in agents):
             continue
-        learner = [a for a in agents if episode.job.seats.get(a) != opponent]
+        learner = [a for a in agents if episode.job.seats.get(a) != opponent_actor]
         scores.append(match_score(episode.rewards, learner, [a for a in agents if a not in learner]))
+    return scores
+
+
+def fixed_opponent_score(episodes, agents, opponent: str) -> float:
+    """The learner's mean match score against the fixed opponent seated as `opponent` this step (NaN
+    when no episode was scored)."""
+    scores = match_scores(episodes, agents, opponent)
     return statistics.fmean(scores) if scores else math.nan
 
 

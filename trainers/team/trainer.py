@@ -47,16 +47,16 @@ from marl.types import Task
 from trainers.grpo.objective import group_advantages, masked_mean
 from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
                                   repetition_guards, seed_everything)
-from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
+from trainers.team.metrics import (FIXED, TurnGuards, is_masked, masked_credit, match_scores, step_metrics,
+                                   success)
 
 OPPONENT = "opponent"
-FIXED = "fixed:"  # the actor and opponent id of a fixed opponent: FIXED + its name in the scenario's `opponents`
+MASKED_WINDOW = 5  # steps over which the masked share is judged
 
 
 def _opponent_actor(opponent: str) -> str:
     """The actor that plays the opponent's seats: a fixed opponent's own, else the snapshot actor."""
     return opponent if opponent.startswith(FIXED) else OPPONENT
-MASKED_WINDOW = 5  # steps over which the masked share is judged
 
 
 class MaskedRewardsError(ValueError):
@@ -395,16 +395,10 @@ class MultiAgentTrainer:
     def _record_matches(self, batch, opponent) -> None:
         """Match results against a pool snapshot go to its ratings; a fixed opponent has none (its
         score is the step's selfplay/fixed/NAME/score)."""
-        from marl.selfplay import match_score
-
         if opponent is None or opponent.startswith(FIXED):
             return
-        for episode in batch.episodes:
-            learner = [a for a in self.agents if episode.job.seats.get(a) != OPPONENT]
-            others = [a for a in self.agents if a not in learner]
-            if any(math.isnan(episode.rewards.get(a, math.nan)) for a in self.agents):
-                continue
-            self.pool.record(opponent, match_score(episode.rewards, learner, others))
+        for score in match_scores(batch.episodes, self.agents, OPPONENT):
+            self.pool.record(opponent, score)
 
     # -- state ------------------------------------------------------------------------------------
 
