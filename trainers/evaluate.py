@@ -62,10 +62,28 @@ def _model_played(agent) -> bool:
     return agent.policy in ("shared", "own") or not (agent.policy in SCRIPTED or ":" in agent.policy)
 
 
+def reseat(seats: dict[str, str], played_by: dict[str, str] | None) -> dict[str, str]:
+    """Seats with each agent of `played_by` (agent -> other agent) played by the other agent's actor.
+
+    The role-swap test: `{"left": "final", "final": "left"}` has each of the two roles played by the
+    other's policy, while each seat keeps its own observation and role prompt. ValueError (one line)
+    for a name that is not an agent of the scenario.
+    """
+    if not played_by:
+        return dict(seats)
+    for agent, other in played_by.items():
+        for name in (agent, other):
+            if name not in seats:
+                raise ValueError(f"--seat {agent}={other}: {name!r} is not an agent of this scenario "
+                                 f"(agents: {', '.join(seats)})")
+    return {agent: seats[played_by.get(agent, agent)] for agent in seats}
+
+
 def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_dir: str | None, *, seed: int = 0,
-                        credit: bool = True, retries: int = 1) -> dict:
+                        credit: bool = True, retries: int = 1, played_by: dict[str, str] | None = None) -> dict:
     """The held-out metrics of the checkpoint's team (the base model's for None), with the checkpoint named.
 
+    `played_by` (agent -> other agent) reseats the team first (`reseat`: the role-swap test).
     Raises RunError, CheckpointError, FileNotFoundError or ValueError for a model that cannot be built.
     """
     import torch
@@ -75,8 +93,10 @@ def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_di
 
     torch.set_num_threads(scenario.spec.train.threads)
     actors, seats = load_actors(scenario, checkpoint, cache_dir)
+    seats = reseat(seats, played_by)
     credit_spec = scenario.spec.credit
     default = scenario.resolve(credit_spec.default_policy) if credit_spec.default_policy else None
     player = EpisodePlayer(scenario, actors, seats, default_policy=default)
     result = evaluate_scenario(player, tasks, seed=seed, credit=credit, retries=retries)
-    return {**result, "checkpoint": str(checkpoint) if checkpoint is not None else "base model"}
+    return {**result, "checkpoint": str(checkpoint) if checkpoint is not None else "base model",
+            "played_by": dict(played_by or {})}

@@ -3,9 +3,12 @@
     marl eval relay                                  the base model (train.model) on relay's held-out tasks
     marl eval relay --checkpoint runs/relay          the run's newest checkpoint (checkpoints/latest)
     marl eval relay --checkpoint runs/relay/checkpoints/step-000200
+    marl eval relay --checkpoint runs/own --seat left=final --seat final=left   the role-swap test
 
 The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name;
-model agents the checkpoint has no directory for play the base model. eval.json and eval.md go to
+model agents the checkpoint has no directory for play the base model. `--seat AGENT=OTHER` has AGENT's
+seat played by OTHER's policy (AGENT keeps its own observation and role prompt): with per-role
+policies (`policy: own`), swapping two roles shows whether each policy specialised. eval.json and eval.md go to
 --out (default: the checkpoint's run directory, else runs/<scenario>-eval).
 """
 
@@ -30,6 +33,9 @@ def add_parser(commands) -> None:
                                                                  "(default 1; 0 makes it the first-try success)")
     evaluate.add_argument("--no-credit", action="store_true", help="skip credit replays (no credit summary, no "
                                                                    "effective reasoning rate)")
+    evaluate.add_argument("--seat", action="append", default=[], metavar="AGENT=OTHER",
+                          help="AGENT's seat is played by OTHER's policy (repeatable; e.g. --seat left=final "
+                               "--seat final=left is the role-swap test)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (task i gets seed + i)")
     evaluate.set_defaults(handler=run)
 
@@ -44,17 +50,35 @@ def run(args) -> int:
     with usage_errors(FileNotFoundError):  # a scenario's own problems are printed by main, one line each
         scenario = load_scenario(args.scenario, args.set)
         tasks = held_out_tasks(scenario, args.tasks)
+    played_by = parse_seats(args.seat, scenario.agent_names)
     if args.retries < 0:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
     with usage_errors(*training_errors()):
         checkpoint = resolve_checkpoint(args.checkpoint)
         result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
-                                     credit=not args.no_credit, retries=args.retries)
+                                     credit=not args.no_credit, retries=args.retries, played_by=played_by)
     out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
     json_path, md_path = _write(result, out)
     print(eval_table(result))
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def parse_seats(values: list[str], agents) -> dict[str, str]:
+    """`--seat AGENT=OTHER` values as {agent: other}; UsageError (one line) for a malformed or unknown name."""
+    played_by = {}
+    for value in values:
+        agent, sep, other = (part.strip() for part in value.partition("="))
+        if not sep or not agent or not other:
+            raise UsageError(f"--seat {value!r}: expected AGENT=OTHER, e.g. --seat left=final")
+        for name in (agent, other):
+            if name not in agents:
+                raise UsageError(f"--seat {value}: {name!r} is not an agent of this scenario "
+                                 f"(agents: {', '.join(agents)})")
+        if agent in played_by:
+            raise UsageError(f"--seat {value}: {agent!r} is seated twice")
+        played_by[agent] = other
+    return played_by
 
 
 def held_out_tasks(scenario, limit: int | None) -> list:
@@ -80,9 +104,10 @@ def _write(result: dict, out: Path) -> tuple[Path, Path]:
 
 def eval_table(result: dict) -> str:
     """A short plain-text table of the metrics (and per-agent credit) for the terminal."""
-    from trainers.team.evaluation import format_value
+    from trainers.team.evaluation import format_value, seating_note
 
-    lines = [f"{result['scenario']}: {result['tasks']} held-out tasks, temperature 0, {result['checkpoint']}"]
+    lines = [f"{result['scenario']}: {result['tasks']} held-out tasks, temperature 0, {result['checkpoint']}"
+             + seating_note(result)]
     lines += [f"  {name:<26}{format_value(value):>8}" for name, value in result["metrics"].items()]
     para = result["paraphrase"]
     lines.append(f"  (paraphrases: {para['tasks_reached']} of {para['tasks_with_variants']} tasks with variants "
@@ -91,3 +116,4 @@ def eval_table(result: dict) -> str:
         lines += [f"  credit {agent:<19}{format_value(c['mean']):>8}  share {format_value(c['share'])}"
                   for agent, c in result["credit"]["agents"].items()]
     return "\n".join(lines)
+

@@ -304,7 +304,7 @@ def eval_markdown(result: dict) -> str:
     """The evaluation as markdown: a metric table, paraphrase coverage, per-agent credit, failures."""
     lines = [f"# marl eval: {result['scenario']}", "",
              f"{result['tasks']} held-out tasks at temperature 0 ({result['mode']}), "
-             f"checkpoint: {result.get('checkpoint', '-')}, retries: {result['retries']}, "
+             f"checkpoint: {result.get('checkpoint', '-')}{seating_note(result)}, retries: {result['retries']}, "
              f"masked episodes: {result['masked_episodes']}.", "",
              "| metric | value | definition |", "|---|---|---|"]
     lines += [f"| {name} | {format_value(value)} | {DEFINITIONS[name]} |" for name, value in result["metrics"].items()]
@@ -323,6 +323,13 @@ def eval_markdown(result: dict) -> str:
         more = " ..." if len(failed) > 20 else ""
         lines += ["", f"Unsolved tasks ({len(failed)}): " + ", ".join(failed[:20]) + more]
     return "\n".join(lines) + "\n"
+
+
+def seating_note(result: dict) -> str:
+    """', seats: final played by left's policy' for an evaluation with --seat, else ''."""
+    played_by = result.get("played_by") or {}
+    return (", seats: " + ", ".join(f"{agent} played by {other}'s policy" for agent, other in played_by.items())
+            if played_by else "")
 
 
 def format_value(value) -> str:

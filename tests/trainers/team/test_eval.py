@@ -201,7 +201,35 @@ def test_cli_evaluates_a_scripted_team(tmp_path, capsys):
     assert result["tasks"] == 5 and result["checkpoint"] == "base model"
 
 
+def test_a_seat_is_played_by_another_agents_policy(tmp_path, capsys):
+    # final is silent (null) and fails every task; seated with left's expert it adds what it sees
+    team = ["agents.0.policy=expert", "agents.1.policy=expert", "agents.2.policy='null'"]
+    common = ["eval", "relay", *_sets(team), "--tasks", "4", "--no-credit"]
+    assert main([*common, "--out", str(tmp_path / "as-is")]) == 0
+    assert main([*common, "--seat", "final=left", "--out", str(tmp_path / "seated")]) == 0
+    printed = capsys.readouterr().out
+    as_is, seated = (json.loads((tmp_path / d / "eval.json").read_text()) for d in ("as-is", "seated"))
+    assert as_is["metrics"]["pass_rate"] == 0.0 and seated["metrics"]["pass_rate"] == 1.0
+    assert seated["played_by"] == {"final": "left"} and as_is["played_by"] == {}
+    assert "seats: final played by left's policy" in printed
+    assert "final played by left's policy" in (tmp_path / "seated" / "eval.md").read_text()
+
+
+def test_reseat_swaps_two_roles_and_keeps_the_others():
+    from trainers.evaluate import reseat
+
+    seats = {"left": "left", "right": "shared", "final": "final"}
+    assert reseat(seats, {"left": "final", "final": "left"}) == {"left": "final", "right": "shared", "final": "left"}
+    assert reseat(seats, None) == seats
+    with pytest.raises(ValueError, match="'middle' is not an agent of this scenario"):
+        reseat(seats, {"middle": "left"})
+
+
 @pytest.mark.parametrize("arguments, message", [
+    (["--seat", "final"], "--seat 'final': expected AGENT=OTHER, e.g. --seat left=final"),
+    (["--seat", "final=judge"], "--seat final=judge: 'judge' is not an agent of this scenario (agents: left, right, "
+                                "final)"),
+    (["--seat", "final=left", "--seat", "final=right"], "--seat final=right: 'final' is seated twice"),
     (["--checkpoint", "does/not/exist"], "--checkpoint does/not/exist: no such directory"),
     (["--set", "tasks.eval_count=0"], "has no held-out tasks: set tasks.eval_count"),
 ])
