@@ -186,7 +186,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         log(f"resumed from {resumed} at step {trainer.step_count}")
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
-        before = evaluate_team(trainer.player, eval_tasks)
+        before = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
         write_text_atomically(out / "before.json", json.dumps(before))
     if before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
@@ -200,7 +200,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
         _train(trainer, plan, train_tasks, tracker, out, log, eval_tasks)
         checkpoint = final_checkpoint(trainer, out)
-        after = evaluate_team(trainer.player, eval_tasks) if eval_tasks else {}
+        after = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents) if eval_tasks else {}
         write_text_atomically(out / "after.json", json.dumps(after))
         summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
         tracker.summary(summary)
@@ -282,7 +282,7 @@ def _evaluation_due(trainer, eval_tasks, log) -> dict:
     every = trainer.spec.train.eval_every
     if not every or not eval_tasks or trainer.step_count % every:
         return {}
-    figures = evaluate_team(trainer.player, eval_tasks)
+    figures = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
     games = "".join(f"; {key} {value:.3f}" for key, value in figures.items()
                     if key.startswith("game/") or (key.startswith("vs/") and key.count("/") == 2))
     log(f"held-out at step {trainer.step_count}: team success {figures.get('team_success', math.nan):.3f}{games} "

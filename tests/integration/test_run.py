@@ -381,5 +381,26 @@ def test_a_short_run_of_each_game_logs_its_exact_figures(name, figure, tmp_path,
     assert "held-out at step 2: team success" in printed and f"; {figure} " in printed
     before, after = (json.loads((out / f"{when}.json").read_text()) for when in ("before", "after"))
     assert 0.0 <= before[figure] <= 1.0 and 0.0 <= after[figure] <= 1.0
+    # before training the learner meets its own initial copy: the same greedy games seen from each seat
+    first, second = ("x", "o") if name == "tictactoe" else ("first", "second")
+    assert before[f"vs/initial/{first}/reward"] == pytest.approx(-before[f"vs/initial/{second}/reward"])
+    assert {"vs/initial/won", "vs/initial/not_lost"} <= set(after) and 0.0 <= after["vs/initial/won"] <= 1.0
     assert [row["train/step"] for row in _rows(out / "metrics.jsonl") if f"eval/{figure}" in row] == [1, 2]
     assert (out / "plots" / "games.png").is_file()
+
+
+def test_the_evaluations_initial_opponent_keeps_the_weights_the_run_started_with(demo_model_dir, tmp_path):
+    """vs/initial/* is measured against the policy as `marl run` started (before.json's, before any
+    warm-up): a warm-up or a training step moves the learner, never that copy."""
+    from trainers.run import RunOptions, prepare
+
+    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), []), log=lambda *_: None)
+    model, initial = trainer.actors["shared"].model, trainer.eval_opponents["initial"]
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # what an SFT warm-up does: the weights move
+        next(model.parameters()).add_(0.01)
+    trainer.restart_frozen_copies()
+    trainer.step()
+    kept = initial.model.state_dict()
+    assert not initial.trainable and all(torch.equal(kept[k], start[k]) for k in start)
+    assert any(not torch.equal(model.state_dict()[k], start[k]) for k in start)

@@ -49,8 +49,10 @@ DEFINITIONS = {
 }
 
 
-def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
-    """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`."""
+def evaluate_team(player, tasks: list[Task], *, seed: int = 0, opponent_actors: dict | None = None) -> dict[str, float]:
+    """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`; in
+    competitive scenarios also the games against the scenario's fixed `opponents` and against
+    `opponent_actors` (name -> actor, e.g. the run's initial policy as 'initial'; see against_opponents)."""
     from marl.rollout import EpisodeJob
     from trainers.team.metrics import is_masked, nanmean, success
 
@@ -65,7 +67,7 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0) -> dict[str, floa
     for agent in player.scenario.agent_names:
         figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
     if mode != "cooperative":
-        figures.update(against_opponents(player, tasks, seed=seed))
+        figures.update(against_opponents(player, tasks, seed=seed, actors=opponent_actors))
     if player.scenario.spec.evaluation:
         figures.update(scenario_figures(player))
     return {key: value for key, value in figures.items() if not math.isnan(value)}
@@ -94,31 +96,46 @@ def scenario_figures(player) -> dict[str, float]:
     return {f"game/{name}": float(value) for name, value in figures.items()}
 
 
-def against_opponents(player, tasks: list[Task], *, seed: int = 0) -> dict[str, float]:
+def against_opponents(player, tasks: list[Task], *, seed: int = 0, actors: dict | None = None) -> dict[str, float]:
     """The learned policy in each seat in turn, every other seat played by each of the scenario's fixed
-    `opponents` (tic-tac-toe's minimax and random players), greedy: per opponent and seat its mean
-    zero-sum reward and the share of games it did not lose (`vs/NAME/SEAT/reward`, `.../not_lost`),
-    and `vs/NAME/not_lost` over the seats. Against a perfect player, not losing is the best there is."""
+    `opponents` (tic-tac-toe's minimax and random players) and each of `actors` (name -> an actor, such
+    as the run's initial policy), greedy: per opponent and seat its mean zero-sum reward, the share of
+    games it did not lose and the share it won (`vs/NAME/SEAT/reward`, `.../not_lost`, `.../won`), and
+    `vs/NAME/not_lost` and `vs/NAME/won` over the seats. Against a perfect player, not losing is the
+    best there is."""
     from marl.policies import get_policy
-    from marl.rollout import EpisodeJob, PolicyActor
-    from trainers.team.metrics import nanmean
+    from marl.rollout import PolicyActor
 
     scenario, figures = player.scenario, {}
-    for name, reference in scenario.spec.opponents.items():
+    opponents = {name: PolicyActor(get_policy(reference, scenario, seed), order=scenario.agent_names)
+                 for name, reference in scenario.spec.opponents.items()}
+    opponents.update(actors or {})
+    for name, actor in opponents.items():
         key = f"opponent:{name}"
-        player.actors[key] = PolicyActor(get_policy(reference, scenario, seed), order=scenario.agent_names)
+        player.actors[key] = actor
         try:
-            kept = []
-            for seat in scenario.agent_names:
-                others = {agent: key for agent in scenario.agent_names if agent != seat}
-                jobs = [EpisodeJob(task, seed + index, seats=others) for index, task in enumerate(tasks)]
-                rewards = [e.rewards.get(seat, math.nan) for e in player.play(jobs, greedy=True).episodes]
-                figures[f"vs/{name}/{seat}/reward"] = nanmean(rewards)
-                figures[f"vs/{name}/{seat}/not_lost"] = nanmean(float(r >= -1e-9) for r in rewards if r == r)
-                kept.append(figures[f"vs/{name}/{seat}/not_lost"])
-            figures[f"vs/{name}/not_lost"] = nanmean(kept)
+            figures.update(_games_against(player, tasks, name, key, seed))
         finally:
             del player.actors[key]
+    return figures
+
+
+def _games_against(player, tasks: list[Task], name: str, key: str, seed: int) -> dict[str, float]:
+    """vs/NAME/* of the learned policy in each seat, every other seat played by actor `key`."""
+    from marl.rollout import EpisodeJob
+    from trainers.team.metrics import nanmean
+
+    figures, kept, won = {}, [], []
+    for seat in player.scenario.agent_names:
+        others = {agent: key for agent in player.scenario.agent_names if agent != seat}
+        jobs = [EpisodeJob(task, seed + index, seats=others) for index, task in enumerate(tasks)]
+        rewards = [e.rewards.get(seat, math.nan) for e in player.play(jobs, greedy=True).episodes]
+        figures[f"vs/{name}/{seat}/reward"] = nanmean(rewards)
+        figures[f"vs/{name}/{seat}/not_lost"] = nanmean(float(r >= -1e-9) for r in rewards if r == r)
+        figures[f"vs/{name}/{seat}/won"] = nanmean(float(r > 1e-9) for r in rewards if r == r)
+        kept.append(figures[f"vs/{name}/{seat}/not_lost"])
+        won.append(figures[f"vs/{name}/{seat}/won"])
+    figures[f"vs/{name}/not_lost"], figures[f"vs/{name}/won"] = nanmean(kept), nanmean(won)
     return figures
 
 

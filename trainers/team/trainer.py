@@ -51,6 +51,7 @@ from trainers.team.metrics import (FIXED, TurnGuards, is_masked, masked_credit, 
                                    success)
 
 OPPONENT = "opponent"
+INITIAL = "initial"  # the evaluation's opponent: the policy as the run started
 MASKED_WINDOW = 5  # steps over which the masked share is judged
 
 
@@ -150,6 +151,7 @@ class MultiAgentTrainer:
         self.buckets = difficulty_buckets(tasks, config)
         self.rng = random.Random(config.seed)
         self.pool = self._opponent_pool() if selfplay else None
+        self.eval_opponents = self._initial_opponent() if selfplay else {}
         self.step_count = 0
         self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
                        "episodes": 0}
@@ -362,6 +364,18 @@ class MultiAgentTrainer:
                             seed=self.config.seed)
         pool.add_snapshot(0, _snapshot(shared.model))
         return pool
+
+    def _initial_opponent(self) -> dict:
+        """{'initial': a frozen greedy copy of the policy as the run starts (before any stage, as in
+        before.json)}: the evaluation's vs/initial/* says how the trained policy fares against it."""
+        from trainers.grpo.learner import frozen_copy
+        from trainers.policy.actors import ModelActor
+        from trainers.policy.adapters import opponent_model
+
+        shared = self.actors["shared"]
+        return {INITIAL: ModelActor(INITIAL, opponent_model(shared.model, INITIAL, frozen_copy), shared.tokenizer,
+                                    trainable=False, temperature=shared.temperature, top_p=shared.top_p,
+                                    seed=self.config.seed + 98, styles=shared.styles)}
 
     def _pick_opponent(self):
         """None (self-play), a fixed opponent (FIXED + its name: train.selfplay.fixed_opponents) or the
