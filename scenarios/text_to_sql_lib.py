@@ -225,12 +225,60 @@ QUESTIONS: list[tuple[str, str]] = [
 ]
 
 
+# question template -> query template, filled from SLOTS: the same question asked of another department,
+# city, year or threshold. The held-out tasks are fills no training task has, so a model that learns to
+# carry the question's value into its query generalises, and one that memorised queries does not.
+_EMPLOYEES_OF = "FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = '{dept}'"
+TEMPLATES: list[tuple[str, str, str]] = [  # (slot, question, query)
+    ("dept", "How many employees work in the {dept} department?", "SELECT COUNT(*) " + _EMPLOYEES_OF),
+    ("dept", "List the names of the employees in the {dept} department.", "SELECT e.name " + _EMPLOYEES_OF),
+    ("dept", "What is the average salary in the {dept} department?", "SELECT AVG(e.salary) " + _EMPLOYEES_OF),
+    ("dept", "What is the highest salary in the {dept} department?", "SELECT MAX(e.salary) " + _EMPLOYEES_OF),
+    ("city", "List the names of the departments located in {city}.", "SELECT name FROM departments WHERE city = '{city}'"),
+    ("country", "How many customers are from {country}?", "SELECT COUNT(*) FROM customers WHERE country = '{country}'"),
+    ("country", "List the names of the customers from {country}.", "SELECT name FROM customers WHERE country = '{country}'"),
+    ("category", "List the names of the products in the {category} category.",
+     "SELECT name FROM products WHERE category = '{category}'"),
+    ("status", "How many orders have the status {status}?", "SELECT COUNT(*) FROM orders WHERE status = '{status}'"),
+    ("title", "How many employees have the title {title}?", "SELECT COUNT(*) FROM employees WHERE title = '{title}'"),
+    ("year", "List the names of the employees hired in {year}.", "SELECT name FROM employees WHERE hire_year = {year}"),
+    ("salary", "List the names of the employees who earn more than {salary}.",
+     "SELECT name FROM employees WHERE salary > {salary}"),
+    ("price", "List the names of the products that cost less than {price}.",
+     "SELECT name FROM products WHERE price < {price}"),
+]
+SLOTS: dict[str, list] = {
+    "dept": [name for name, _, _ in DEPARTMENTS],
+    "city": sorted({city for _, city, _ in DEPARTMENTS}),
+    "country": COUNTRIES,
+    "category": sorted({category for _, category, _ in PRODUCTS}),
+    "status": sorted(set(STATUSES)),
+    "title": sorted({title for titles in TITLES.values() for title in titles}),
+    "year": list(range(2012, 2025)),
+    "salary": list(range(40000, 125001, 5000)),  # every threshold leaves someone above it
+    "price": [20, 40, 50, 80, 100, 150, 200, 300, 500, 700, 1000],
+}
+HELD_OUT = 40  # templated tasks held out (the last lines of the task file)
+
+
+def templated_tasks(seed: int = 0) -> list[tuple[str, str]]:
+    """Every fill of every template as (question, query), shuffled with `seed`."""
+    pairs = [(question.format(**{slot: value}), query.format(**{slot: value}))
+             for slot, question, query in TEMPLATES for value in SLOTS[slot]]
+    random.Random(seed).shuffle(pairs)
+    return pairs
+
+
 def write_tasks(path: str | Path = TASKS) -> Path:
-    """Write the JSONL task file: one {id, prompt, metadata: {reference_query}} per question."""
+    """Write the JSONL task file: one {id, prompt, metadata: {reference_query}} per question, the
+    hand-written QUESTIONS and the templated fills first (training), then HELD_OUT templated fills
+    (the scenario's tasks.eval_count holds them out)."""
     path = Path(path)
+    templated = templated_tasks()
+    pairs = QUESTIONS + templated[HELD_OUT:] + templated[:HELD_OUT]
     lines = [json.dumps({"id": f"text_to_sql-{index}", "prompt": question,
                          "metadata": {"reference_query": query}})
-             for index, (question, query) in enumerate(QUESTIONS)]
+             for index, (question, query) in enumerate(pairs)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
