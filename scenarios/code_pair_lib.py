@@ -224,26 +224,78 @@ def _evaluate(solution: str, calls: list[str]) -> list[str]:
     return [repr(eval(call, namespace)) for call in calls]
 
 
+# Families of one-line functions with a constant K in the spec (entry, signature, spec, visible example,
+# hidden tests, solution, two mutants; each a format string of k): the same function asked with another
+# K. A held-out fill has a K no training task of its family has, so the coder must carry K from the spec
+# into its code; the mutants are the usual slips (the wrong operator, K off by one).
+FAMILIES: list[tuple] = [
+    ("add_k", "add_k(x: int) -> int", "Return x plus {k}.", ["add_k(1)"], ["add_k(0)", "add_k(-5)", "add_k(100)"],
+     "def add_k(x):\n    return x + {k}\n", "def add_k(x):\n    return x - {k}\n",
+     "def add_k(x):\n    return x + {k1}\n"),
+    ("times_k", "times_k(x: int) -> int", "Return x multiplied by {k}.", ["times_k(2)"],
+     ["times_k(0)", "times_k(-3)", "times_k(11)"], "def times_k(x):\n    return x * {k}\n",
+     "def times_k(x):\n    return x + {k}\n", "def times_k(x):\n    return x * {k1}\n"),
+    ("repeat_k", "repeat_k(s: str) -> str", "Return s repeated {k} times.", ["repeat_k('ab')"],
+     ["repeat_k('')", "repeat_k('x')", "repeat_k('hey')"], "def repeat_k(s):\n    return s * {k}\n",
+     "def repeat_k(s):\n    return s\n", "def repeat_k(s):\n    return s * {k1}\n"),
+    ("first_k", "first_k(xs: list) -> list", "Return the first {k} items of xs.", ["first_k(list(range(20)))"],
+     ["first_k([])", "first_k([7])", "first_k(list(range(30, 0, -1)))"], "def first_k(xs):\n    return xs[:{k}]\n",
+     "def first_k(xs):\n    return xs[{k}:]\n", "def first_k(xs):\n    return xs[:{k1}]\n"),
+    ("divisible_by_k", "divisible_by_k(n: int) -> bool", "True when n is divisible by {k}.",
+     ["divisible_by_k({k})"], ["divisible_by_k(0)", "divisible_by_k({k1})", "divisible_by_k({k} * 7)"],
+     "def divisible_by_k(n):\n    return n % {k} == 0\n", "def divisible_by_k(n):\n    return n % {k} != 0\n",
+     "def divisible_by_k(n):\n    return n % {k1} == 0\n"),
+    ("count_above_k", "count_above_k(xs: list[int]) -> int", "Count the items of xs greater than {k}.",
+     ["count_above_k([1, 5, 9, 13, 17])"], ["count_above_k([])", "count_above_k(list(range(20)))",
+                                       "count_above_k([{k}, {k1}, {k}])"],
+     "def count_above_k(xs):\n    return sum(x > {k} for x in xs)\n",
+     "def count_above_k(xs):\n    return sum(x < {k} for x in xs)\n",
+     "def count_above_k(xs):\n    return sum(x >= {k} for x in xs)\n"),
+]
+FAMILY_KS = range(2, 14)
+HELD_OUT_FILLS = 20  # family fills held out: the last tasks, where tasks.eval_count takes them from
+
+
+def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: list[str], solution: str,
+          mutants: list[str], task_id: str) -> dict:
+    shown = [f"{call} == {value}" for call, value in zip(examples, _evaluate(solution, examples))]
+    return {
+        "id": task_id,
+        "prompt": f"Write def {signature}. {spec} Example: {'; '.join(shown)}",
+        "metadata": {
+            "entry": entry,
+            "examples": shown,
+            "tests": [{"call": call, "expected": value} for call, value in zip(hidden, _evaluate(solution, hidden))],
+            "solution": solution,
+            "mutants": list(mutants),
+        },
+        "difficulty": float(len(solution.splitlines())),
+    }
+
+
+def family_tasks(seed: int) -> list[dict]:
+    """Every fill of every family (K in FAMILY_KS), shuffled with `seed`."""
+    tasks = []
+    for entry, signature, spec, examples, hidden, solution, *mutants in FAMILIES:
+        for k in FAMILY_KS:
+            fill = {"k": k, "k1": k + 1}
+            tasks.append(_task(entry, signature, spec.format(**fill), [e.format(**fill) for e in examples],
+                               [h.format(**fill) for h in hidden], solution.format(**fill),
+                               [m.format(**fill) for m in mutants], f"code_pair-{entry}-{k}"))
+    random.Random(seed).shuffle(tasks)
+    return tasks
+
+
 def generate_tasks(seed: int, count: int) -> list[dict]:
-    """One task per function (at most `count`), in a seeded order."""
+    """The hand-written functions (FUNCTIONS, in a seeded order) and the family fills, at most `count`:
+    the functions and all but HELD_OUT_FILLS fills first (training), then those fills (held out)."""
     rows = list(FUNCTIONS)
     random.Random(seed).shuffle(rows)
-    tasks = []
-    for index, (entry, signature, spec, examples, hidden, solution) in enumerate(rows[:count]):
-        shown = [f"{call} == {value}" for call, value in zip(examples, _evaluate(solution, examples))]
-        tasks.append({
-            "id": f"code_pair-{entry}",
-            "prompt": f"Write def {signature}. {spec} Example: {'; '.join(shown)}",
-            "metadata": {
-                "entry": entry,
-                "examples": shown,
-                "tests": [{"call": call, "expected": value} for call, value in zip(hidden, _evaluate(solution, hidden))],
-                "solution": solution,
-                "mutants": list(MUTANTS[entry]),
-            },
-            "difficulty": float(len(solution.splitlines())),
-        })
-    return tasks
+    tasks = [_task(entry, signature, spec, examples, hidden, solution, MUTANTS[entry], f"code_pair-{entry}")
+             for entry, signature, spec, examples, hidden, solution in rows]
+    fills = family_tasks(seed)
+    tasks += fills[HELD_OUT_FILLS:] + fills[:HELD_OUT_FILLS]
+    return tasks[-count:] if count < len(tasks) else tasks
 
 
 def expert(agent: str, observation: str, task) -> str:
