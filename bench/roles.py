@@ -11,7 +11,9 @@ prompts x 8 candidates per step, lr 5e-5, Shapley credit against the expert):
     own        each agent its own copy of the same start model (`policy: own`), trained on its
                own turns only
     own_lora   each agent its own LoRA adapter (`train.lora.r`, default 16) on the one frozen start
-               model, at `--lora-lr` (adapters move less per step than full weights); with --lora
+               model, at `--lora-lr` (adapters move less per step than full weights)
+
+`--conditions` picks them (default shared,own; `--conditions shared,own,own_lora` adds the adapters).
 
 Relay's roles differ in what they add: `left` and `right` add two numbers in [10, 49] (sums up to
 98), `final` adds two of those sums (up to 196, a carry into the hundreds). Each condition is
@@ -22,8 +24,9 @@ played by the other role's policy. If the policies specialised, a swap costs tea
 the shared policy a swap changes nothing by construction (the same model plays every seat), so the
 shared row is the control.
 
-The last line, `ratio: ...`, is own's final held-out team success over shared's (the anchor,
-trained in this run), each floored at one task of the evaluation set.
+The last line, `ratio: ...`, is the per-role condition's final held-out team success (own, else
+own_lora) over shared's (the anchor, trained in this run), each floored at one task of the evaluation
+set.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ("left", "right", "final")
+CONDITIONS = ("shared", "own", "own_lora")
 SWAPS = {  # name -> played_by (agent -> the agent whose policy plays its seat)
     "left<->final": {"left": "final", "final": "left"},
     "right<->final": {"right": "final", "final": "right"},
@@ -115,7 +119,8 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=2, help="seeds per condition (0..N-1; default 2)")
     parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks evaluated (default 100)")
-    parser.add_argument("--lora", action="store_true", help="also run own_lora (an adapter per agent)")
+    parser.add_argument("--conditions", default="shared,own",
+                        help=f"conditions, comma-separated, from {','.join(CONDITIONS)} (default shared,own)")
     parser.add_argument("--lora-r", type=int, default=16, help="adapter rank of own_lora (default 16)")
     parser.add_argument("--lora-lr", type=float, default=2e-4, help="lr of own_lora (default 2e-4)")
     parser.add_argument("--quick", action="store_true", help="1 seed x 1 step, 12 held-out tasks")
@@ -124,6 +129,11 @@ def parse_args(argv=None):
         args.seeds, args.steps, args.eval_tasks = 1, 1, 12
     if args.seeds < 1 or args.steps < 0 or args.eval_tasks < 1:
         parser.error("--seeds and --eval-tasks must be at least 1, --steps at least 0")
+    args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if "shared" not in args.conditions or len(args.conditions) < 2 or \
+            any(c not in CONDITIONS for c in args.conditions):
+        parser.error(f"--conditions: shared (the anchor) and at least one of own, own_lora; from "
+                     f"{', '.join(CONDITIONS)}")
     return args
 
 
@@ -137,10 +147,10 @@ def main(argv=None) -> int:
 
     quiet_libraries()
     torch.set_num_threads(1)
-    conditions = ["shared", "own"] + (["own_lora"] if args.lora else [])
+    conditions = args.conditions
     seeds = list(range(args.seeds))
     print(f"relay: {', '.join(conditions)}; {args.seeds} seeds x {args.steps} steps; {args.eval_tasks} held-out "
-          "tasks at temperature 0" + (f"; own_lora r={args.lora_r}, lr={args.lora_lr:g}" if args.lora else ""))
+          "tasks at temperature 0" + (f"; own_lora r={args.lora_r}, lr={args.lora_lr:g}" if "own_lora" in conditions else ""))
     results = {}
     for seed in seeds:
         for condition in conditions:
@@ -150,8 +160,9 @@ def main(argv=None) -> int:
                   f"({run['seconds']:.0f} s training)", flush=True)
     finals = print_table(results, conditions, seeds, args.steps)
     floor = 1 / results["shared", 0]["tasks"]
-    ratio = max(finals["own"], floor) / max(finals["shared"], floor)
-    print(f"ratio: {ratio:.2f} (own's final held-out team success / shared's, each floored at {floor:.3f}; "
+    per_role = "own" if "own" in finals else "own_lora"
+    ratio = max(finals[per_role], floor) / max(finals["shared"], floor)
+    print(f"ratio: {ratio:.2f} ({per_role}'s final held-out team success / shared's, each floored at {floor:.3f}; "
           "anchor: one shared policy, trained in this run)")
     return 0
 
