@@ -15,7 +15,8 @@ sets: (player, card, history) with history '' or 'check bet' for `first`, 'check
 response to each player's side gains over the game value, so 0 at a Nash equilibrium. `nash(alpha)` is
 the equilibrium family (alpha in [0, 1/3]: first bets a J with alpha, a K with 3 alpha); the game's
 value for `first` is -1/18. `strategy_of(policy)` asks a text policy (greedy) what it does at every
-information set, with the observation the scenario shows there.
+information set, with the observation the scenario shows there; `mixed_strategy_of(policy)` asks a
+model policy how likely it is to say the aggressive word there (the strategy it plays when sampling).
 """
 
 from __future__ import annotations
@@ -188,12 +189,39 @@ def strategy_of(policy, task_id: str = "kuhn-probe") -> dict:
     return strategy
 
 
+def mixed_strategy_of(policy, task_id: str = "kuhn-probe") -> dict | None:
+    """The mixed strategy a policy plays when it samples: at every information set, the probability that
+    its message is exactly the aggressive word (`policy.probabilities`, exact from the model; anything
+    else, the passive word or an illegal one, counts as passive, as in strategy_of). None for a policy
+    that cannot say how likely its messages are (a scripted one)."""
+    from types import SimpleNamespace
+
+    probabilities = getattr(policy, "probabilities", None)
+    if probabilities is None:
+        return None
+    strategy = {}
+    for player, card, history in INFOSETS:
+        task = SimpleNamespace(id=task_id, prompt="", answer=None, metadata={player: card})
+        p = probabilities(player, observation(player, card, history), task, [OFFERS[(player, history)][1]])
+        if p is None:
+            return None
+        strategy[(player, card, history)] = min(1.0, max(0.0, p[0]))
+    return strategy
+
+
 def evaluation(policy) -> dict[str, float]:
     """The scenario's figures of a policy: its exact exploitability, and its mean chips per hand against
-    the equilibrium over both seats (0 is the most any policy gets: -1/18 first, +1/18 second)."""
-    strategy, equilibrium = strategy_of(policy), nash(0.0)
+    the equilibrium over both seats (0 is the most any policy gets: -1/18 first, +1/18 second).
+
+    For a model policy these are of the mixed strategy it plays when sampling (mixed_strategy_of), the
+    one it is trained as; `exploitability_greedy` is that of its greedy moves. No pure strategy is
+    worth less than 1/6 (every one of the 4096 was enumerated; tests/marl/scenario/test_kuhn_poker.py),
+    so only a mixed strategy can approach the equilibrium's 0. A scripted policy has its greedy figures."""
+    greedy, equilibrium = strategy_of(policy), nash(0.0)
+    strategy = mixed_strategy_of(policy) or greedy
     return {"exploitability": exploitability(strategy),
-            "value_vs_nash": (game_value(strategy, equilibrium) - game_value(equilibrium, strategy)) / 2}
+            "value_vs_nash": (game_value(strategy, equilibrium) - game_value(equilibrium, strategy)) / 2,
+            "exploitability_greedy": exploitability(greedy)}
 
 
 def expert(agent: str, observation_text: str, task) -> str:

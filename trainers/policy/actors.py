@@ -65,6 +65,32 @@ class ModelActor:
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
 
+    def message_probabilities(self, agent: str, observation: str, task: Task, messages: list[str]) -> list[float]:
+        """The probability that the agent's next message is exactly each of `messages` (its tokens, then
+        the token that ends a turn) when the actor samples at its temperature: exact, from one forward
+        pass over the turn's prompt, rendered as when it acts (trainers/policy/prompts.py). What a
+        game's evaluation needs to measure the mixed strategy the policy plays, not only its greedy move."""
+        import torch
+
+        from trainers.policy.prompts import DEFAULT_STYLE, demonstration, fit_turn_prompts, model_context
+
+        style = self.styles.get(agent, DEFAULT_STYLE)
+        prompt = fit_turn_prompts(self.tokenizer, [(agent, observation, task)], self.styles,
+                                  model_context(self.model))[0][0]
+        _, _, end = demonstration(self.tokenizer, observation, "", style)
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        device = next(self.model.parameters()).device
+        probabilities = []
+        with torch.no_grad():
+            for message in messages:
+                answer = self.tokenizer(message, add_special_tokens=False)["input_ids"] + [end]
+                ids = torch.tensor([prompt_ids + answer], device=device)
+                logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / self.temperature
+                logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt_ids):, None])
+                probabilities.append(float(logprobs.sum().exp()))
+        return probabilities
+
+
 class ScriptedActor:
     """A frozen `policy(agent, observation, task) -> text` (expert, null, random, module:function)."""
 

@@ -75,12 +75,30 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0, opponent_actors: 
 
 def learned_policy(player):
     """The player's actors as one greedy `policy(agent, observation, task) -> text`, each agent answered
-    by the actor of its seat within its max_tokens (what a scenario's `evaluation` function queries)."""
-    def policy(agent: str, observation: str, task) -> str:
-        actor = player.actors[player.seats[agent]]
-        return actor.act([(agent, observation, task)], max_new_tokens=player.max_tokens[agent], greedy=True).texts[0]
+    by the actor of its seat within its max_tokens (what a scenario's `evaluation` function queries).
 
-    return policy
+    The policy also has `probabilities(agent, observation, task, messages) -> [p, ...]`: how likely the
+    seat's actor is to say each message when it samples (ModelActor.message_probabilities), or None for
+    an actor that cannot say (a scripted or endpoint one): a game's exact figures of the mixed strategy."""
+    return LearnedPolicy(player)
+
+
+class LearnedPolicy:
+    """A player's trained team as a callable greedy policy with message probabilities (learned_policy)."""
+
+    def __init__(self, player):
+        self.player = player
+
+    def __call__(self, agent: str, observation: str, task) -> str:
+        actor = self.player.actors[self.player.seats[agent]]
+        return actor.act([(agent, observation, task)], max_new_tokens=self.player.max_tokens[agent],
+                         greedy=True).texts[0]
+
+    def probabilities(self, agent: str, observation: str, task, messages: list[str]) -> list[float] | None:
+        """The seat's actor's probability of saying each message when sampling, None if it cannot say."""
+        actor = self.player.actors[self.player.seats[agent]]
+        probe = getattr(actor, "message_probabilities", None)
+        return probe(agent, observation, task, messages) if probe is not None else None
 
 
 def scenario_figures(player) -> dict[str, float]:

@@ -104,3 +104,40 @@ def test_an_evaluation_that_raises_is_one_line(tmp_path):
     player = EpisodePlayer(scenario, *build_actors(scenario, None, seed=0))
     with pytest.raises(ValueError, match=r"evaluation kuhn_poker_lib:broken returned \{'x': 'high'\}, not a"):
         evaluate_team(player, scenario.split()[1][:2])
+
+
+def test_no_pure_strategy_is_worth_less_than_one_sixth(kuhn):
+    """Why the evaluation measures the mixed strategy a model plays: greedy play is a pure strategy, and
+    the least exploitable of all 2^12 of them is worth 1/6 (the equilibrium mixes)."""
+    import itertools
+
+    keys = list(kuhn["nash"]())
+    least = min(kuhn["exploitability"](dict(zip(keys, bits))) for bits in itertools.product((0.0, 1.0), repeat=12))
+    assert least == pytest.approx(1 / 6, abs=1e-12)
+
+
+def test_the_evaluation_reads_the_mixed_strategy_of_a_policy_that_can_say_its_probabilities(kuhn):
+    equilibrium = kuhn["nash"](1 / 6)
+
+    class Mixed:  # a policy that samples the equilibrium: greedy it plays the likelier word
+        def __call__(self, agent, observation, task):
+            passive, aggressive = self.offer(agent, observation)
+            return aggressive if self.p(agent, observation, task) > 0.5 else passive
+
+        def offer(self, agent, observation):
+            history = observation.split("Moves: ")[1].split(".")[0]
+            return kuhn["OFFERS"][(agent, "" if history == "none" else history)]
+
+        def p(self, agent, observation, task):
+            history = observation.split("Moves: ")[1].split(".")[0]
+            return equilibrium[(agent, task.metadata[agent], "" if history == "none" else history)]
+
+        def probabilities(self, agent, observation, task, messages):
+            aggressive = self.offer(agent, observation)[1]
+            return [self.p(agent, observation, task) if m == aggressive else 0.0 for m in messages]
+
+    assert kuhn["mixed_strategy_of"](Mixed()) == pytest.approx(equilibrium)
+    figures = kuhn["evaluation"](Mixed())
+    assert figures["exploitability"] == pytest.approx(0.0, abs=1e-12)
+    assert figures["exploitability_greedy"] >= 1 / 6 - 1e-12
+    assert kuhn["mixed_strategy_of"](lambda agent, observation, task: "bet") is None  # a scripted policy

@@ -228,3 +228,35 @@ def test_an_endpoint_agent_gets_its_role_as_the_system_message():
     assert [list(r.messages) for r in Backend.requests] == [
         [{"role": "system", "content": ROLE}, {"role": "user", "content": OBSERVATION}],
         [{"role": "user", "content": OBSERVATION}]]
+
+
+def test_a_messages_probability_is_what_the_sampler_gives_its_tokens(demo_model_dir):
+    """ModelActor.message_probabilities (a game's mixed strategy) is exact: for messages the actor
+    sampled, it equals the product of the sampler's own token probabilities, stop token included."""
+    import math
+
+    import torch
+
+    from marl.scenario.load import load_scenario
+    from trainers.policy.actors import build_actors
+
+    scenario = load_scenario("relay")
+    actor = build_actors(scenario, demo_model_dir, seed=3)[0]["shared"]
+    task = scenario.split()[1][0]
+    request = ("left", task.metadata["left"], task)
+    generation = actor.act([request] * 12, max_new_tokens=4)
+    rows = generation.completions
+    checked = 0
+    for text, logprobs, mask, cut in zip(generation.texts, rows.logprobs, rows.completion_mask, rows.truncated):
+        if cut:
+            continue
+        sampled = float(torch.exp((logprobs * mask).sum()))
+        assert actor.message_probabilities(*request, [text]) == [pytest.approx(sampled, rel=1e-4)]
+        checked += 1
+    assert checked >= 6
+    texts = sorted(set(generation.texts))
+    probabilities = actor.message_probabilities(*request, texts)
+    assert all(0 < p <= 1 for p in probabilities) and sum(probabilities) <= 1 + 1e-6
+    greedy = actor.act([request], max_new_tokens=4, greedy=True).texts[0]
+    assert max(actor.message_probabilities(*request, [greedy, *texts])) == actor.message_probabilities(*request, [greedy])[0]
+    assert not math.isnan(probabilities[0])
