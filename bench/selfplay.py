@@ -13,12 +13,18 @@ Conditions, differing only in `train.selfplay` (everything else is the scenario'
              (`train.selfplay.fixed_opponents`): tic-tac-toe's random player (never minimax, which
              is what the evaluation measures), Kuhn poker's equilibrium player
 
+With `--warmup`, each seed first runs the scenario's warm-up SFT once (what `marl run` does before RL:
+SFT on the expert's moves until the sampled accuracy among experts reaches train.warmup.accuracy_target,
+within sft_time_budget_s), and every condition of that seed starts from those weights: the question is
+then whether self-play keeps or loses a strong start.
+
 Measured per (game, condition, seed) at step 0 and every `--eval-every` steps, greedy, on the
 scenario's held-out tasks (`trainers.team.evaluation.evaluate_team`):
 
     tictactoe   vs/minimax/not_lost: games not lost against the perfect minimax player, both seats
                 (1 is the best reachable); vs/random/not_lost too
-    kuhn_poker  game/exploitability: exact, from the game tree (0 at an equilibrium; lower is better)
+    kuhn_poker  game/exploitability: exact, from the game tree, of the mixed strategy the model plays
+                when sampling (0 at an equilibrium; lower is better)
 
 The summary gives each curve's best and last value, and the drop from the best to the last (the
 collapse pure self-play shows on tic-tac-toe). The last line, `ratio: ...`, is the pool-with-fixed-
@@ -59,12 +65,31 @@ def condition_settings(condition: str, game: str, seed: int) -> list[str]:
     return settings
 
 
-def train_condition(game: str, settings: list[str], steps: int, eval_every: int) -> dict:
-    """Train `steps` steps; the held-out figures at step 0 and every `eval_every` steps."""
+def warmed_start(game: str, settings: list[str]) -> dict:
+    """The shared model's weights after the scenario's warm-up SFT (`marl run`'s first stage: SFT on
+    the expert's moves until the format and the accuracy among experts reach their targets, within
+    the time budget), so that every condition of a seed starts from the same warmed-up policy."""
+    from trainers.run import RunOptions, prepare
+    from trainers.stages.warmup import sft_warmup_stage
+
+    scenario, train_tasks, _, trainer = prepare(RunOptions(game, settings), log=lambda message: None)
+    report = sft_warmup_stage(trainer, scenario, train_tasks, scenario.spec.train.warmup, log=lambda message: None)
+    accuracy = {agent: round(value, 2) for row in report["learners"].values()
+                for agent, value in row.get("accuracy_after", row["accuracy_before"]).items()}
+    print(f"  {game}: warm-up {report['sft_steps']} SFT steps, accuracy among experts {accuracy}", flush=True)
+    return {key: value.clone() for key, value in trainer.actors["shared"].model.state_dict().items()}
+
+
+def train_condition(game: str, settings: list[str], steps: int, eval_every: int, start: dict | None = None) -> dict:
+    """Train `steps` steps (from the `start` weights when given); the held-out figures at step 0 and every
+    `eval_every` steps."""
     from trainers.run import RunOptions, prepare
     from trainers.team.evaluation import evaluate_team
 
     _, _, eval_tasks, trainer = prepare(RunOptions(game, settings), log=lambda message: None)
+    if start is not None:
+        trainer.actors["shared"].model.load_state_dict(start)
+        trainer.restart_frozen_copies()  # the KL reference and the first snapshot are the warmed-up model
     curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks))], 0.0
     for step in range(1, steps + 1):
         started = time.perf_counter()
@@ -119,6 +144,10 @@ def parse_args(argv=None):
                         help="a scenario override applied to every condition (repeatable), e.g. train.beta=0.04")
     parser.add_argument("--conditions", default=",".join(CONDITIONS),
                         help=f"conditions to run, comma-separated (default {','.join(CONDITIONS)})")
+    parser.add_argument("--warmup", action="store_true",
+                        help="start every condition of a seed from the scenario's warm-up SFT (train.warmup: SFT on "
+                             "the expert until the accuracy among experts reaches accuracy_target, e.g. --set "
+                             "train.warmup.accuracy_target=0.9), as marl run does")
     parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of self and fixed on each game")
     args = parser.parse_args(argv)
     if args.quick:  # what the comparison needs (the ratio's two conditions), not the whole table
@@ -146,14 +175,16 @@ def main(argv=None) -> int:
     seeds = list(range(args.seeds))
     print(f"self-play conditions {', '.join(args.conditions)}; games {', '.join(args.games)}; {args.seeds} seeds x "
           f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks"
+          + ("; every condition from the warm-up's SFT" if args.warmup else "")
           + (f"; every condition with {' '.join(args.settings)}" if args.settings else ""))
     lasts, games_per_eval = {}, {}
     for game in args.games:
         results = {}
         for seed in seeds:
+            start = warmed_start(game, condition_settings("self", game, seed) + args.settings) if args.warmup else None
             for condition in args.conditions:
                 settings = condition_settings(condition, game, seed) + args.settings
-                run = train_condition(game, settings, args.steps, args.eval_every)
+                run = train_condition(game, settings, args.steps, args.eval_every, start)
                 results[condition, seed] = run
                 games_per_eval[game] = run["games"]
                 print(f"  {game} {condition:<5} seed {seed}: {run['seconds']:.0f} s training", flush=True)
