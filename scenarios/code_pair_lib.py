@@ -242,7 +242,8 @@ FAMILIES: list[tuple] = [
      ["first_k([])", "first_k([7])", "first_k(list(range(30, 0, -1)))"], "def first_k(xs):\n    return xs[:{k}]\n",
      "def first_k(xs):\n    return xs[{k}:]\n", "def first_k(xs):\n    return xs[:{k1}]\n"),
     ("divisible_by_k", "divisible_by_k(n: int) -> bool", "True when n is divisible by {k}.",
-     ["divisible_by_k({k})"], ["divisible_by_k(0)", "divisible_by_k({k1})", "divisible_by_k({k} * 7)"],
+     ["divisible_by_k({k})"], ["divisible_by_k(0)", "divisible_by_k({k1})", "divisible_by_k({k} * 7)",
+                               "{divisors}"],
      "def divisible_by_k(n):\n    return n % {k} == 0\n", "def divisible_by_k(n):\n    return n % {k} != 0\n",
      "def divisible_by_k(n):\n    return n % {k1} == 0\n"),
     ("count_above_k", "count_above_k(xs: list[int]) -> int", "Count the items of xs greater than {k}.",
@@ -274,28 +275,34 @@ def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: li
 
 
 def family_tasks(seed: int) -> list[dict]:
-    """Every fill of every family (K in FAMILY_KS), shuffled with `seed`."""
+    """Every fill of every family (K in FAMILY_KS), shuffled with `seed`. A hidden test "{divisors}"
+    stands for one call per proper divisor d >= 2 of K (`divisible_by_k(d)`), so that the solution of a
+    smaller K that divides this one (a training fill's) fails it."""
     tasks = []
     for entry, signature, spec, examples, hidden, solution, *mutants in FAMILIES:
         for k in FAMILY_KS:
             fill = {"k": k, "k1": k + 1}
+            calls = [h.format(**fill) for h in hidden if h != "{divisors}"]
+            if "{divisors}" in hidden:
+                calls += [f"{entry}({d})" for d in range(2, k) if k % d == 0]
             tasks.append(_task(entry, signature, spec.format(**fill), [e.format(**fill) for e in examples],
-                               [h.format(**fill) for h in hidden], solution.format(**fill),
-                               [m.format(**fill) for m in mutants], f"code_pair-{entry}-{k}"))
+                               calls, solution.format(**fill), [m.format(**fill) for m in mutants],
+                               f"code_pair-{entry}-{k}"))
     random.Random(seed).shuffle(tasks)
     return tasks
 
 
 def generate_tasks(seed: int, count: int) -> list[dict]:
-    """The hand-written functions (FUNCTIONS, in a seeded order) and the family fills, at most `count`:
-    the functions and all but HELD_OUT_FILLS fills first (training), then those fills (held out)."""
+    """The hand-written functions (FUNCTIONS, in a seeded order) and the family fills, the first `count`:
+    the functions and all but HELD_OUT_FILLS fills first (training), then those fills (held out by the
+    scenario's tasks.eval_count, which is HELD_OUT_FILLS)."""
     rows = list(FUNCTIONS)
     random.Random(seed).shuffle(rows)
     tasks = [_task(entry, signature, spec, examples, hidden, solution, MUTANTS[entry], f"code_pair-{entry}")
              for entry, signature, spec, examples, hidden, solution in rows]
     fills = family_tasks(seed)
     tasks += fills[HELD_OUT_FILLS:] + fills[:HELD_OUT_FILLS]
-    return tasks[-count:] if count < len(tasks) else tasks
+    return tasks[:count]
 
 
 def expert(agent: str, observation: str, task) -> str:

@@ -262,9 +262,10 @@ HELD_OUT = 40  # templated tasks held out (the last lines of the task file)
 
 
 def templated_tasks(seed: int = 0) -> list[tuple[str, str]]:
-    """Every fill of every template as (question, query), shuffled with `seed`; a fill whose question or
-    query a hand-written question already has is left out (it would put a training answer in the
-    held-out set)."""
+    """Every fill of every template as (question, query), shuffled with `seed`. Left out: a fill whose
+    question or query a hand-written question already has, and one whose result on the database an
+    earlier fill of its template already gives: either would put a training answer (or a constant) in
+    the held-out set."""
     def norm(text: str) -> str:
         return " ".join(text.lower().replace("the ", "").replace("all ", "").split())
 
@@ -272,8 +273,29 @@ def templated_tasks(seed: int = 0) -> list[tuple[str, str]]:
     pairs = [(question.format(**{slot: value}), query.format(**{slot: value}))
              for slot, question, query in TEMPLATES for value in SLOTS[slot]]
     pairs = [(question, query) for question, query in pairs if not {norm(question), norm(query)} & known]
+    # a fill whose result another fill of its template already gives (two departments with the same top
+    # salary) would be answered by that fill's query or by a constant: keep the first of them only
+    connection, kept, seen = sqlite3.connect(f"file:{DATABASE}?mode=ro", uri=True), [], set()
+    try:
+        for (question, query), (_, template, _) in zip(pairs, _template_of(pairs)):
+            result = (template, repr(sorted(connection.execute(query).fetchall(), key=repr)))
+            if result not in seen:
+                seen.add(result)
+                kept.append((question, query))
+    finally:
+        connection.close()
+    pairs = kept
     random.Random(seed).shuffle(pairs)
     return pairs
+
+
+def _template_of(pairs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(slot, question template, query template) of each (question, query) fill."""
+    found = []
+    for question, _ in pairs:
+        found.append(next(row for row in TEMPLATES if question.startswith(row[1].split("{")[0])
+                          and question.endswith(row[1].split("}")[-1])))
+    return found
 
 
 def write_tasks(path: str | Path = TASKS) -> Path:

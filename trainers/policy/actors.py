@@ -65,29 +65,39 @@ class ModelActor:
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
 
-    def message_probabilities(self, agent: str, observation: str, task: Task, messages: list[str]) -> list[float]:
-        """The probability that the agent's next message is exactly each of `messages` (its tokens, then
-        the token that ends a turn) when the actor samples at its temperature: exact, from one forward
-        pass over the turn's prompt, rendered as when it acts (trainers/policy/prompts.py). What a
-        game's evaluation needs to measure the mixed strategy the policy plays, not only its greedy move."""
+    def message_probabilities(self, agent: str, observation: str, task: Task, messages: list[str], *,
+                              max_new_tokens: int | None = None) -> list[float]:
+        """The probability that the agent's next message is exactly each of `messages` when the actor
+        samples: the product of the sampler's own next-token probabilities (at its temperature and top_p,
+        `sampling_probabilities`) over the message's tokens, times the chance of stopping there (any of
+        the model's stop tokens), from a forward pass over the turn's prompt rendered as when it acts.
+        With `max_new_tokens`, a message of exactly that many tokens needs no stop token and a longer one
+        cannot be said (0). What a game's evaluation needs to measure the mixed strategy a policy plays."""
         import torch
 
-        from trainers.policy.prompts import DEFAULT_STYLE, demonstration, fit_turn_prompts, model_context
+        from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
+        from trainers.policy.sampling import sampling_probabilities
 
-        style = self.styles.get(agent, DEFAULT_STYLE)
         prompt = fit_turn_prompts(self.tokenizer, [(agent, observation, task)], self.styles,
                                   model_context(self.model))[0][0]
-        _, _, end = demonstration(self.tokenizer, observation, "", style)
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        stops = stop_token_ids(self.model, self.tokenizer)
+        stops = [stops] if isinstance(stops, int) else list(stops)
         device = next(self.model.parameters()).device
         probabilities = []
         with torch.no_grad():
             for message in messages:
-                answer = self.tokenizer(message, add_special_tokens=False)["input_ids"] + [end]
+                answer = self.tokenizer(message, add_special_tokens=False)["input_ids"]
+                if max_new_tokens is not None and len(answer) > max_new_tokens:
+                    probabilities.append(0.0)
+                    continue
                 ids = torch.tensor([prompt_ids + answer], device=device)
-                logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / self.temperature
-                logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt_ids):, None])
-                probabilities.append(float(logprobs.sum().exp()))
+                logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:]
+                probs = sampling_probabilities(logits, self.temperature, self.top_p)
+                chance = probs[:-1].gather(1, ids[0, len(prompt_ids):, None]).prod()
+                if max_new_tokens is None or len(answer) < max_new_tokens:
+                    chance = chance * probs[-1, stops].sum()
+                probabilities.append(float(chance))
         return probabilities
 
 

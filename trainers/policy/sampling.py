@@ -104,6 +104,18 @@ def _pick_tokens(logits, temperature, top_p, greedy, generator):
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
 
 
+def sampling_probabilities(logits, temperature: float = 1.0, top_p: float = 1.0):
+    """The distribution `_pick_tokens` draws the next token from (not greedy): softmax(logits /
+    temperature), cut to the nucleus and renormalised when top_p < 1. For exact message probabilities."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # the same nucleus as _pick_tokens keeps
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
 @torch.no_grad()
 def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int = 1,
                        max_new_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,

@@ -98,7 +98,8 @@ class LearnedPolicy:
         """The seat's actor's probability of saying each message when sampling, None if it cannot say."""
         actor = self.player.actors[self.player.seats[agent]]
         probe = getattr(actor, "message_probabilities", None)
-        return probe(agent, observation, task, messages) if probe is not None else None
+        return None if probe is None else probe(agent, observation, task, messages,
+                                                 max_new_tokens=self.player.max_tokens[agent])
 
 
 def scenario_figures(player) -> dict[str, float]:
@@ -127,7 +128,8 @@ def against_opponents(player, tasks: list[Task], *, seed: int = 0, actors: dict 
     scenario, figures = player.scenario, {}
     opponents = {name: PolicyActor(get_policy(reference, scenario, seed), order=scenario.agent_names)
                  for name, reference in scenario.spec.opponents.items()}
-    opponents.update(actors or {})
+    # a scenario opponent of the same name keeps it (a user's 'initial' is the scenario's own)
+    opponents.update({name: actor for name, actor in (actors or {}).items() if name not in opponents})
     for name, actor in opponents.items():
         key = f"opponent:{name}"
         player.actors[key] = actor

@@ -151,7 +151,8 @@ class MultiAgentTrainer:
         self.buckets = difficulty_buckets(tasks, config)
         self.rng = random.Random(config.seed)
         self.pool = self._opponent_pool() if selfplay else None
-        self.eval_opponents = self._initial_opponent() if selfplay else {}
+        # only a run with a held-out set evaluates against its start (the copy costs one frozen model)
+        self.eval_opponents = self._initial_opponent() if selfplay and self.spec.tasks.eval_count else {}
         self.step_count = 0
         self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
                        "episodes": 0}

@@ -81,3 +81,35 @@ def test_code_pair_family_mutants_are_caught_by_the_visible_example_and_the_hidd
         assert any(lib["_evaluate"](mutant, calls) != reference for mutant in meta["mutants"]), task["id"]
         expected = [test["expected"] for test in meta["tests"]]
         assert all(lib["_evaluate"](mutant, hidden) != expected for mutant in meta["mutants"]), task["id"]
+
+
+def test_no_training_fill_of_a_code_pair_family_passes_a_held_out_fill():
+    """A held-out fill's hidden tests and example tell its K from every other K of its family: the
+    solution the coder learnt for a training fill (K' dividing K, say) fails it."""
+    scenario = load_scenario("code_pair")
+    train, held_out = scenario.split()
+    run = scenario.resolve("code_pair_lib:generate_tasks").__globals__["_evaluate"]
+    for task in held_out:
+        meta = task.metadata
+        calls = [test["call"] for test in meta["tests"]] + [e.split(" == ")[0] for e in meta["examples"]]
+        expected = run(meta["solution"], calls)
+        for other in train:
+            if other.metadata["entry"] == meta["entry"]:
+                assert run(other.metadata["solution"], calls) != expected, (task.id, other.id)
+
+
+def test_no_training_query_of_a_text_to_sql_template_gives_a_held_out_fills_result():
+    """Two fills of one template with one result (two departments with the same top salary) would let
+    the training fill's query, or a constant, pass the held-out one: such fills are left out. (Across
+    templates, the sql verifier's perturbed database variants tell queries apart.)"""
+    scenario = load_scenario("text_to_sql")
+    train, held_out = scenario.split()
+    templates = scenario.resolve("text_to_sql_lib:expert").__globals__["TEMPLATES"]
+    database = sqlite3.connect(ROOT / "scenarios" / "text_to_sql.sqlite")
+
+    def key(task):
+        head = next((q.split("{")[0] for _, q, _ in templates if task.prompt.startswith(q.split("{")[0])), None)
+        return head, repr(sorted(database.execute(task.metadata["reference_query"]).fetchall(), key=repr))
+
+    trained = {key(task) for task in train}
+    assert not [task.id for task in held_out if key(task) in trained]
