@@ -238,7 +238,7 @@ FAMILIES: list[tuple] = [
     ("repeat_k", "repeat_k(s: str) -> str", "Return s repeated {k} times.", ["repeat_k('ab')"],
      ["repeat_k('')", "repeat_k('x')", "repeat_k('hey')"], "def repeat_k(s):\n    return s * {k}\n",
      "def repeat_k(s):\n    return s\n", "def repeat_k(s):\n    return s * {k1}\n"),
-    ("first_k", "first_k(xs: list) -> list", "Return the first {k} items of xs.", ["first_k(list(range(20)))"],
+    ("first_k", "first_k(xs: list) -> list", "Return the first {k} items of xs.", ["first_k([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19])"],
      ["first_k([])", "first_k([7])", "first_k(list(range(30, 0, -1)))"], "def first_k(xs):\n    return xs[:{k}]\n",
      "def first_k(xs):\n    return xs[{k}:]\n", "def first_k(xs):\n    return xs[:{k1}]\n"),
     ("divisible_by_k", "divisible_by_k(n: int) -> bool", "True when n is divisible by {k}.",

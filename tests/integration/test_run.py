@@ -394,7 +394,7 @@ def test_the_evaluations_initial_opponent_keeps_the_weights_the_run_started_with
     warm-up): a warm-up or a training step moves the learner, never that copy."""
     from trainers.run import RunOptions, prepare
 
-    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), []), log=lambda *_: None)
+    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), ["tasks.eval_count=4"]), log=lambda *_: None)
     model, initial = trainer.actors["shared"].model, trainer.eval_opponents["initial"]
     start = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():  # what an SFT warm-up does: the weights move
@@ -404,3 +404,6 @@ def test_the_evaluations_initial_opponent_keeps_the_weights_the_run_started_with
     kept = initial.model.state_dict()
     assert not initial.trainable and all(torch.equal(kept[k], start[k]) for k in start)
     assert any(not torch.equal(model.state_dict()[k], start[k]) for k in start)
+    # a run with no held-out set never evaluates, so it keeps no copy
+    _, _, _, plain = prepare(RunOptions(str(_race_scenario(tmp_path)), []), log=lambda *_: None)
+    assert plain.eval_opponents == {}
