@@ -289,12 +289,9 @@ def main(argv=None) -> int:
     """Train both conditions on every seed and free-rider accuracy, print the curves, tables and verdict."""
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    import torch
+    from bench.support.runtime import one_quiet_thread
 
-    from trainers.cli.common import quiet_libraries
-
-    quiet_libraries()
-    torch.set_num_threads(1)
+    one_quiet_thread()
     seeds = list(range(args.seeds))
     print(f"relay with a free rider (right correct with p in {args.p}); {args.seeds} seeds x {args.steps} steps; "
           f"shapley absent={args.absent}, rollouts={args.rollouts}, samples shared by {args.samples_shared_by}; "

@@ -141,12 +141,9 @@ def main(argv=None) -> int:
     """Train every condition on every seed; print the table, the swap drops and the ratio."""
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    import torch
+    from bench.support.runtime import one_quiet_thread
 
-    from trainers.cli.common import quiet_libraries
-
-    quiet_libraries()
-    torch.set_num_threads(1)
+    one_quiet_thread()
     conditions = args.conditions
     seeds = list(range(args.seeds))
     print(f"relay: {', '.join(conditions)}; {args.seeds} seeds x {args.steps} steps; {args.eval_tasks} held-out "

@@ -166,12 +166,9 @@ def main(argv=None) -> int:
     """Train every condition on every game and seed; print the curves, the summaries and the ratio."""
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    import torch
+    from bench.support.runtime import one_quiet_thread
 
-    from trainers.cli.common import quiet_libraries
-
-    quiet_libraries()
-    torch.set_num_threads(1)
+    one_quiet_thread()
     seeds = list(range(args.seeds))
     print(f"self-play conditions {', '.join(args.conditions)}; games {', '.join(args.games)}; {args.seeds} seeds x "
           f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks"

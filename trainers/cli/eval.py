@@ -66,18 +66,18 @@ def run(args) -> int:
 
 def parse_seats(values: list[str], agents) -> dict[str, str]:
     """`--seat AGENT=OTHER` values as {agent: other}; UsageError (one line) for a malformed or unknown name."""
+    from trainers.evaluate import reseat
+
     played_by = {}
     for value in values:
         agent, sep, other = (part.strip() for part in value.partition("="))
         if not sep or not agent or not other:
             raise UsageError(f"--seat {value!r}: expected AGENT=OTHER, e.g. --seat left=final")
-        for name in (agent, other):
-            if name not in agents:
-                raise UsageError(f"--seat {value}: {name!r} is not an agent of this scenario "
-                                 f"(agents: {', '.join(agents)})")
         if agent in played_by:
             raise UsageError(f"--seat {value}: {agent!r} is seated twice")
         played_by[agent] = other
+    with usage_errors(ValueError):  # a name that is not an agent: reseat's one line, before any model loads
+        reseat({agent: agent for agent in agents}, played_by)
     return played_by
 
 
@@ -116,4 +116,3 @@ def eval_table(result: dict) -> str:
         lines += [f"  credit {agent:<19}{format_value(c['mean']):>8}  share {format_value(c['share'])}"
                   for agent, c in result["credit"]["agents"].items()]
     return "\n".join(lines)
-

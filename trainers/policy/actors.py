@@ -64,7 +64,6 @@ class ModelActor:
         completions.prompt_cut = torch.tensor(cut, dtype=torch.bool, device=completions.prompt_ids.device)
         return Generation(decode_turns(self.tokenizer, completions), completions)
 
-
     def message_probabilities(self, agent: str, observation: str, task: Task, messages: list[str], *,
                               max_new_tokens: int | None = None) -> list[float]:
         """The probability that the agent's next message is exactly each of `messages` when the actor
@@ -81,8 +80,7 @@ class ModelActor:
         prompt = fit_turn_prompts(self.tokenizer, [(agent, observation, task)], self.styles,
                                   model_context(self.model))[0][0]
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        stops = stop_token_ids(self.model, self.tokenizer)
-        stops = [stops] if isinstance(stops, int) else list(stops)
+        stops = stop_token_ids(self.model, self.tokenizer)  # a list of ids
         device = next(self.model.parameters()).device
         probabilities = []
         with torch.no_grad():

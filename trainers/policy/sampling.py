@@ -93,27 +93,27 @@ def _pick_tokens(logits, temperature, top_p, greedy, generator):
     if greedy:
         tokens = logprobs.argmax(-1)
     else:
-        probs = logprobs.exp()
-        if top_p < 1.0:
-            sorted_probs, order = probs.sort(-1, descending=True)
-            drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest set reaching top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = _nucleus(logprobs.exp(), top_p)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
 
 
+def _nucleus(probs, top_p: float):
+    """`probs` with every token outside the nucleus set to 0 (the smallest set reaching top_p; not
+    renormalised: torch.multinomial takes weights); `probs` itself when top_p is 1."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)
+    drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest set reaching top_p
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
 def sampling_probabilities(logits, temperature: float = 1.0, top_p: float = 1.0):
     """The distribution `_pick_tokens` draws the next token from (not greedy): softmax(logits /
     temperature), cut to the nucleus and renormalised when top_p < 1. For exact message probabilities."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(-1, descending=True)
-        drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # the same nucleus as _pick_tokens keeps
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    probs = _nucleus(torch.softmax(logits.float() / temperature, dim=-1), top_p)
+    return probs / probs.sum(-1, keepdim=True) if top_p < 1.0 else probs
 
 
 @torch.no_grad()

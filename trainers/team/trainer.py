@@ -354,13 +354,7 @@ class MultiAgentTrainer:
         if shared is None or not shared.trainable or set(self.seats.values()) != {"shared"}:
             raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
                              "train.selfplay.enabled: false or make every agent's policy 'shared'")
-        from trainers.policy.actors import ModelActor
-        from trainers.policy.adapters import opponent_model  # with LoRA: a frozen adapter on the same base
-
-        self.actors[OPPONENT] = ModelActor(OPPONENT, opponent_model(shared.model, OPPONENT, frozen_copy),
-                                           shared.tokenizer, trainable=False,
-                                           temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + 99,
-                                           styles=shared.styles)  # the agents' roles and prompt style
+        self.actors[OPPONENT] = self._frozen_actor(OPPONENT, seed_offset=99)
         pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
                             seed=self.config.seed)
         pool.add_snapshot(0, _snapshot(shared.model))
@@ -369,14 +363,19 @@ class MultiAgentTrainer:
     def _initial_opponent(self) -> dict:
         """{'initial': a frozen greedy copy of the policy as the run starts (before any stage, as in
         before.json)}: the evaluation's vs/initial/* says how the trained policy fares against it."""
+        return {INITIAL: self._frozen_actor(INITIAL, seed_offset=98)}
+
+    def _frozen_actor(self, name: str, *, seed_offset: int):
+        """A frozen ModelActor `name` holding a copy of the shared policy's weights now (with LoRA: a frozen
+        adapter on the same base), with its sampling settings, roles and prompt style."""
         from trainers.grpo.learner import frozen_copy
         from trainers.policy.actors import ModelActor
         from trainers.policy.adapters import opponent_model
 
         shared = self.actors["shared"]
-        return {INITIAL: ModelActor(INITIAL, opponent_model(shared.model, INITIAL, frozen_copy), shared.tokenizer,
-                                    trainable=False, temperature=shared.temperature, top_p=shared.top_p,
-                                    seed=self.config.seed + 98, styles=shared.styles)}
+        return ModelActor(name, opponent_model(shared.model, name, frozen_copy), shared.tokenizer, trainable=False,
+                          temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + seed_offset,
+                          styles=shared.styles)
 
     def _pick_opponent(self):
         """None (self-play), a fixed opponent (FIXED + its name: train.selfplay.fixed_opponents) or the
