@@ -37,6 +37,7 @@ one of two rules:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -144,8 +145,9 @@ class PolicyActor:
         self.policy = policy
         self.rank = {agent: index for index, agent in enumerate(order)} if order is not None else None
 
-    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens=None, greedy: bool = False) -> Generation:
-        """One message per request (see the class doc)."""
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens=None, greedy: bool = False,
+            keys=None) -> Generation:
+        """One message per request (see the class doc; `keys` are ignored)."""
         batch = getattr(self.policy, "batch", None) if self.rank is None else None
         if batch is not None:
             return Generation(list(batch(list(requests))))
@@ -264,7 +266,8 @@ class EpisodePlayer:
                 requests[self._actor_for(job, agent), self.max_tokens[agent]].append((k, turn))
         for (actor_name, max_tokens), pending in requests.items():
             generation = self.actors[actor_name].act([(t.agent, t.observation, envs[k].task) for k, t in pending],
-                                                     max_new_tokens=max_tokens, greedy=greedy)
+                                                     max_new_tokens=max_tokens, greedy=greedy,
+                                                     keys=[turn_key(jobs[k], t) for k, t in pending])
             record = generation.completions is not None and self.actors[actor_name].trainable
             if record:
                 batch.generations[actor_name].append(generation.completions)
@@ -312,6 +315,19 @@ class EpisodePlayer:
         if recorded is not None and recorded.observation == turn.observation:
             return recorded.text
         return None
+
+
+def turn_key(job: EpisodeJob, turn: Turn) -> int:
+    """The random stream of one message: keyed by (episode seed, turn, agent), never by call order, so
+    a message is sampled the same in any batch, on any worker (see `keyed_uniforms`)."""
+    return stream_key(job.seed, turn.turn, turn.agent)
+
+
+def stream_key(*parts: int | str) -> int:
+    """A 63-bit key naming one random stream, from ints and strings, the same in every process (unlike
+    `hash`, which salts strings per process): the sampler's row keys (seed, turn, agent, ...)."""
+    text = "\x1f".join(f"{type(part).__name__}:{part}" for part in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def policy_player(env, policy, *, default_policy=None, order=None) -> EpisodePlayer:

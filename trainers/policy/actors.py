@@ -39,10 +39,13 @@ class ModelActor:
         self.temperature, self.top_p = temperature, top_p
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
 
-    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False,
+            keys: list[int] | None = None) -> Generation:
         """Sample (or, greedy, decode) one message per request, each prompt in its agent's style
         (trainers/policy/prompts.py: the chat template when the tokenizer has one); rows stop at any
-        of the model's end tokens, which the texts do not contain."""
+        of the model's end tokens, which the texts do not contain. With `keys` (one `stream_key` per
+        request) each message is drawn from its own keyed stream, so it does not depend on the batch;
+        without, from the actor's seeded generator in call order."""
         import torch
 
         from trainers.policy.prompts import decode_turns, fit_turn_prompts, model_context, stop_token_ids
@@ -55,7 +58,7 @@ class ModelActor:
         completions = sample_completions(
             self.model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, temperature=self.temperature,
             top_p=self.top_p, greedy=greedy, eos_token_id=stop_token_ids(self.model, self.tokenizer),
-            pad_token_id=self.tokenizer.pad_token_id, generator=self.generator)
+            pad_token_id=self.tokenizer.pad_token_id, generator=self.generator, row_keys=keys)
         # rows that saw the same observation (the G episodes of a task at their first turn) share one
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
@@ -107,8 +110,9 @@ class ScriptedActor:
     def __init__(self, name: str, policy):
         self.name, self.policy = name, policy
 
-    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
-        """Call the policy once per request."""
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False,
+            keys=None) -> Generation:
+        """Call the policy once per request (`keys` are ignored: a scripted policy keeps its own seed)."""
         return Generation([str(self.policy(agent, observation, task)) for agent, observation, task in requests])
 
 
@@ -123,16 +127,19 @@ class EndpointActor:
         self.requests = 0  # requests sent so far: sampled requests are seeded seed + their index
         self.failures = 0  # requests that failed (their agent said nothing)
 
-    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False) -> Generation:
+    def act(self, requests: list[tuple[str, str, Task]], *, max_new_tokens: int, greedy: bool = False,
+            keys: list[int] | None = None) -> Generation:
         """One chat completion per request (the agent's role as the system message, the observation as
-        the user's); a failed request says nothing (and is counted)."""
+        the user's); a failed request says nothing (and is counted). A sampled request is seeded with
+        seed + its key when `keys` are given (the same wherever it is sent from), else seed + its index."""
         from judges.model.backend import ChatRequest, run_sync
         from trainers.policy.prompts import DEFAULT_STYLE, turn_messages
 
         first, self.requests = self.requests, self.requests + len(requests)
         chats = [ChatRequest(messages=tuple(turn_messages(observation, self.styles.get(agent, DEFAULT_STYLE))),
                              max_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature,
-                             seed=self.seed if greedy else self.seed + first + index)
+                             seed=self.seed if greedy else
+                             (self.seed + keys[index]) % 2 ** 31 if keys is not None else self.seed + first + index)
                  for index, (agent, observation, _) in enumerate(requests)]
         responses = run_sync(self.backend.complete_many(chats))
         self.failures += sum(r.status not in ("ok", "truncated") for r in responses)

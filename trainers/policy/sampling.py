@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from marl.options import PACKINGS
+from marl.rollout import stream_key  # noqa: F401 - the one key function; re-exported for callers
 from trainers.policy.loading import compute_dtype, model_device
 
 @dataclass
@@ -87,14 +88,40 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _pick_tokens(logits, temperature, top_p, greedy, generator):
-    """Choose the next token per row; return it, its logprob at logits / temperature, and the entropy."""
+def keyed_uniforms(keys: Sequence[int], position: int) -> torch.Tensor:
+    """One uniform in [0, 1) per key for token `position`: splitmix64 of (key, position), a counter-based
+    generator, so a row's draws depend on its key and position only, never on the call order, the
+    batch it is in or the process that samples it (what the Ray backend needs to reproduce local runs)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps modulo 2**64 by design
+        z = np.asarray(keys, dtype=np.uint64) + np.uint64(position + 1) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the token whose cumulative weight first exceeds u times the row's total (weights need
+    not sum to 1; a token of weight 0 is never picked): an exact draw from the row's distribution."""
+    cdf = probs.double().cumsum(-1)
+    targets = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp(max=probs.size(-1) - 1)
+
+
+def _pick_tokens(logits, temperature, top_p, greedy, generator, uniforms=None):
+    """Choose the next token per row; return it, its logprob at logits / temperature, and the entropy.
+    With `uniforms` (one per row, `keyed_uniforms`) the draw is by inverse CDF, else from `generator`."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     if greedy:
         tokens = logprobs.argmax(-1)
     else:
         probs = _nucleus(logprobs.exp(), top_p)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if uniforms is not None:
+            tokens = _inverse_cdf(probs, uniforms)
+        else:
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
 
@@ -120,7 +147,8 @@ def sampling_probabilities(logits, temperature: float = 1.0, top_p: float = 1.0)
 def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int = 1,
                        max_new_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
                        greedy: bool = False, eos_token_id: int | Sequence[int], pad_token_id: int,
-                       generator: torch.Generator | None = None) -> Completions:
+                       generator: torch.Generator | None = None,
+                       row_keys: Sequence[int] | None = None) -> Completions:
     """Sample `group_size` completions per prompt with a KV cache, stopping rows at EOS.
 
     The model runs once per distinct prefix, not once per row: the G rows of a prompt start from one
@@ -128,7 +156,9 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     Each row still draws its own token from its prefix's distribution, so the samples are exactly
     those of G independent generations. Rows stop at EOS (`eos_token_id`: one id or several, e.g. a
     chat model's end of turn and its end of text); generation stops when every row has.
-    `greedy=True` takes the argmax (evaluation at temperature 0). Pass a seeded `generator`.
+    `greedy=True` takes the argmax (evaluation at temperature 0). Pass a seeded `generator`, or
+    `row_keys` (one `stream_key` per prompt; row g of a prompt draws from its key and g) for samples
+    that do not depend on which other prompts share the batch (`keyed_uniforms`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
@@ -146,10 +176,13 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     node_of_row = rows_prompt.clone()  # each row's prefix node; logits and cache rows are per node
     attention, position = prompt_mask, prompt_mask.sum(-1, keepdim=True)
     done = torch.zeros(n, dtype=torch.bool, device=device)
+    keys = _row_keys(row_keys, prompt_ids.size(0), group_size) if row_keys is not None and not greedy else None
     steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
-    for _ in range(max_new_tokens):
+    for index in range(max_new_tokens):
         running = (~done).nonzero().squeeze(-1)
-        picked, logprobs, entropy = _pick_tokens(logits[node_of_row[running]], temperature, top_p, greedy, generator)
+        uniforms = keyed_uniforms(keys[running.cpu().numpy()], index) if keys is not None else None
+        picked, logprobs, entropy = _pick_tokens(logits[node_of_row[running]], temperature, top_p, greedy, generator,
+                                                 uniforms)
         steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
         stopped = torch.isin(picked, stop_ids)
         done[running] = stopped
@@ -170,6 +203,18 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
                        completion_ids=tokens, completion_mask=mask.long(), logprobs=logprobs,
                        truncated=~done, entropy=entropy, prompt_index=rows_prompt)
+
+
+def _row_keys(prompt_keys: Sequence[int], prompts: int, group_size: int):
+    """Each row's key (numpy uint64): the prompt's key for G = 1, else a key of (prompt key, member)."""
+    import numpy as np
+
+    if len(prompt_keys) != prompts:
+        raise ValueError(f"row_keys has {len(prompt_keys)} keys for {prompts} prompts (one per prompt)")
+    if group_size == 1:
+        return np.asarray([int(k) for k in prompt_keys], dtype=np.uint64)
+    return np.asarray([stream_key(int(k), member) for k in prompt_keys for member in range(group_size)],
+                      dtype=np.uint64)
 
 
 def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):

@@ -152,3 +152,45 @@ def test_pack_holds_each_prompt_once_and_no_padding(micro_policy):
     assert len(pack.targets) == int(out.completion_mask.sum())
     small = pack_completions(out, pack_tokens=10)
     assert len(small.ids) > 1 and all(len(ids) <= max(10, 6 + 7) for ids in small.ids)
+
+
+def test_keyed_rows_draw_the_same_tokens_in_any_batch(micro_policy):
+    from trainers.policy.sampling import stream_key
+
+    model, tokenizer = micro_policy(seed=3)
+    keys = [stream_key(7, i, "agent") for i in range(len(PROMPTS))]
+    batched = _sample(model, tokenizer, row_keys=keys, generator=None)
+    alone = [_sample(model, tokenizer, [p], row_keys=[k], generator=torch.Generator().manual_seed(99))
+             for p, k in zip(PROMPTS, keys)]
+    reversed_batch = _sample(model, tokenizer, PROMPTS[::-1], row_keys=keys[::-1])
+    texts = decode_completions(tokenizer, batched)
+    assert texts == [t for out in alone for t in decode_completions(tokenizer, out)]  # the generator is unused
+    flipped = decode_completions(tokenizer, reversed_batch)
+    assert texts == [t for i in reversed(range(len(PROMPTS))) for t in flipped[4 * i:4 * i + 4]]
+    other = _sample(model, tokenizer, row_keys=[stream_key(8, i, "agent") for i in range(len(PROMPTS))])
+    assert decode_completions(tokenizer, other) != texts  # another key, other samples
+    assert len(set(texts[:4])) > 1  # the G rows of a prompt draw different streams
+
+
+def test_keyed_draws_follow_the_sampling_distribution(micro_policy):
+    """Over many keys, the first token's frequencies match softmax(logits / T) (and top_p's nucleus)."""
+    from trainers.policy.sampling import sampling_probabilities, stream_key
+
+    model, tokenizer = micro_policy(seed=4)
+    ids, mask = encode_prompts(tokenizer, ["12+3="])
+    logits = model(input_ids=ids, attention_mask=mask).logits[0, -1].detach()
+    n = 4000
+    for temperature, top_p in ((2.0, 1.0), (1.0, 0.8)):
+        out = sample_completions(model, ids.repeat(n, 1), mask.repeat(n, 1), max_new_tokens=1,
+                                 temperature=temperature, top_p=top_p, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id, row_keys=[stream_key(1, i) for i in range(n)])
+        counts = torch.bincount(out.completion_ids[:, 0], minlength=logits.numel()).double() / n
+        expected = sampling_probabilities(logits[None], temperature, top_p)[0].double()
+        assert (counts[expected == 0] == 0).all()  # nothing outside the nucleus
+        assert (counts - expected).abs().max() < 4 * (0.25 / n) ** 0.5  # within 4 standard errors
+
+
+def test_row_keys_must_match_the_prompts(micro_policy):
+    model, tokenizer = micro_policy()
+    with pytest.raises(ValueError, match="row_keys has 1 keys for 4 prompts"):
+        _sample(model, tokenizer, row_keys=[1])
