@@ -105,6 +105,7 @@ class Episode:
     tool_validity: dict[str, float | None]
     tool_log: list = field(default_factory=list)
     task: Task | None = None  # the task played (job.task resolved by the environment)
+    policy_version: int | None = None  # the weights' version it was sampled at (Ray backend; None: current)
 
     def team_reward(self) -> float:
         """The cooperative team reward (every agent's reward is the same), NaN when masked."""

@@ -401,6 +401,22 @@ class LoraSpec(Strict):
                                   "(every linear layer but the output head, as peft defines it)")
 
 
+class RaySpec(Strict):
+    """The Ray backend (`train.backend: ray`): where the cluster is and how rollout work is spread on it."""
+
+    address: str | None = Field(None, description="absent: start a local cluster; 'auto' (the running one) or "
+                                                  "'ray://HOST:PORT' to connect to an existing cluster")
+    rollout_workers: int = Field(2, ge=1, le=1024, description="Ray actors that play episodes and their replays")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs each rollout worker reserves")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (fractions share one)")
+    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag the learner by: 0 is "
+                                                    "on-policy (a stale sample is an error); k broadcasts weights "
+                                                    "every k+1 versions and logs the off-policy samples")
+    max_retries: int = Field(2, ge=0, le=100, description="times a dead worker's episodes are replayed on a new "
+                                                         "worker before the step fails")
+    object_store_mb: int = Field(512, ge=64, description="object store of a local cluster started by marl (MiB)")
+
+
 class TrainSpec(TrainKnobs):
     """Training settings: the GRPO knobs (TrainKnobs, names as in GRPOKnobs) plus the run's own."""
 
@@ -427,6 +443,9 @@ class TrainSpec(TrainKnobs):
     safety: SafetySpec = Field(default_factory=SafetySpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     lora: LoraSpec | None = Field(None, description="LoRA adapters via peft (absent = full fine-tuning)")
+    backend: Literal["local", "ray"] = Field("local", description="local: one process; ray: episodes and "
+                                            "replays played by Ray rollout workers (train.ray), the update here")
+    ray: RaySpec = Field(default_factory=RaySpec)
 
     def grpo_knobs(self) -> dict[str, Any]:
         """The GRPO knobs this section sets, by name (everything of GRPOKnobs but DERIVED_KNOBS)."""

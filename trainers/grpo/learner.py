@@ -81,10 +81,14 @@ class PolicyLearner:
         if config.gradient_checkpointing:  # after the reference copy: only the trained model recomputes
             enable_checkpointing(model)
 
-    def update(self, completions: Completions, advantages: torch.Tensor, *, lr_scale: float = 1.0) -> dict[str, float]:
+    def update(self, completions: Completions, advantages: torch.Tensor, *, lr_scale: float = 1.0,
+               behaviour_logprobs: bool = False) -> dict[str, float]:
         """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats.
 
         `lr_scale` multiplies this step's scheduled learning rate (the warm-up stage's low-lr check).
+        `behaviour_logprobs`: the old policy is the sampler's own logprobs (`completions.logprobs`), as
+        samples played with older weights need (the Ray backend's max_staleness > 0), so the clipped
+        ratio corrects for the lag; otherwise it is the current policy before the update.
         """
         cfg = self.config
         for group, scheduled in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
@@ -94,8 +98,11 @@ class PolicyLearner:
             return self.keep_clock()
         rows, row_adv, weights, scale = compact
         parts = microbatches(rows, row_adv, weights, cfg.max_tokens_per_microbatch, cfg.loss_type)
-        old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing)
-                                        for p in parts]
+        if behaviour_logprobs:
+            old = [p.rows.logprobs.float() for p in parts]
+        else:
+            old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing)
+                                            for p in parts]
         ref = None if self.reference is None else [_no_grad_logprobs(self.reference, p.rows, cfg.temperature,
                                                                      cfg.packing)
                                                    for p in parts]

@@ -75,6 +75,16 @@ def _masked_reason(episodes) -> str:
     return ""
 
 
+def _player(scenario, actors: dict, seats: dict, log):
+    """The episode player of `train.backend`: this process (local) or Ray rollout workers (ray)."""
+    train = scenario.spec.train
+    if train.backend == "ray":
+        from trainers.ray.player import RayPlayer
+
+        return RayPlayer(scenario, actors, seats, train.ray, threads=train.threads, log=log)
+    return EpisodePlayer(scenario, actors, seats)
+
+
 class MaskedRewardGuard:
     """Counts masked episodes per step; warns once, and raises past `limit` over a window of steps."""
 
@@ -146,7 +156,7 @@ class MultiAgentTrainer:
         if not self.learners:
             raise ValueError(f"scenario {scenario.spec.name!r} has no trainable agent: give at least one agent "
                              "a model policy ('shared', 'own' or a model directory) with trainable: true")
-        self.player = EpisodePlayer(scenario, actors, seats)
+        self.player = _player(scenario, actors, seats, log)
         self.tasks = {task.id: task for task in tasks}
         self.buckets = difficulty_buckets(tasks, config)
         self.rng = random.Random(config.seed)
@@ -173,14 +183,18 @@ class MultiAgentTrainer:
         bucket, tasks = self._draw_tasks(tasks)
         opponent = self._pick_opponent()
         jobs = self._jobs(tasks, opponent, prefix or {})
+        self.player.context = f"step {self.step_count + 1}"  # named by the Ray backend's error lines
         batch = self.player.play(jobs)
+        lag = self._staleness(batch)
         played = time.perf_counter()
         rewards, credits = self._agent_rewards(batch, reward_transform)
         self._check_masked(batch, credits)
         rewards, guards = self._apply_safeguards(batch, rewards)
         advantages = self._role_advantages(rewards)
         scored = time.perf_counter()
-        updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale)
+        offpolicy = bool(lag.get("ray/offpolicy_samples"))
+        updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale,
+                                        behaviour_logprobs=offpolicy)
                    if self._has_samples(batch, name) else learner.keep_clock()
                    for name, learner in self.learners.items()}
         self._record_results(tasks, batch, credits, opponent)
@@ -188,8 +202,16 @@ class MultiAgentTrainer:
         self.last_step = StepResult(batch, rewards, advantages, credits)
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
-        metrics = step_metrics(self, self.last_step, bucket, guards, updates, times, opponent)
+        metrics = {**step_metrics(self, self.last_step, bucket, guards, updates, times, opponent), **lag}
         return {**metrics, **self.turn_guards.update(self.step_count, batch)}  # length/*, tools/*: warns when due
+
+    def _staleness(self, batch) -> dict[str, float]:
+        """The Ray backend's off-policy figures of the batch (a StaleSampleError past max_staleness)."""
+        if self.spec.train.backend != "ray":
+            return {}
+        from trainers.ray.player import check_staleness
+
+        return check_staleness(batch.episodes, self.player.version, self.spec.train.ray.max_staleness)
 
     def _check_masked(self, batch, credits) -> None:
         """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""

@@ -1,0 +1,264 @@
+"""RayPlayer: the driver's EpisodePlayer on Ray rollout workers (`train.backend: ray`).
+
+`play(jobs)` splits the jobs over the workers (the jobs that share a replay memo, or a task, stay on
+one worker, so common random numbers and shared prompts hold), plays them there with copies of the
+driver's actors and merges the episodes back in the jobs' order, as `EpisodePlayer.play` returns
+them. Everything else (scorer, visibility, actors...) is the local player's: the learner, the
+evaluation's exact probabilities and the credit estimators stay on the driver.
+
+Weights: before a play, every trainable actor whose parameters changed since they were last shipped
+(a fingerprint per tensor: `_parameter_versions`) bumps the policy version; the changed tensors go to
+every worker in one object-store payload. With `max_staleness: k` the trainable actors' changes are
+held back until the workers lag by more than k versions (frozen opponents and evaluations always get
+the current weights), and every episode records the version it was sampled at.
+
+A worker that dies (RayActorError) is replaced by a new one holding the current actors, and its jobs
+are played again with the same keys, at most `max_retries` times per play; then a RayBackendError
+names the worker, its PID and what was being played.
+"""
+
+from __future__ import annotations
+
+import time
+
+from marl.rollout import EpisodeBatch, EpisodePlayer
+from trainers.ray.cluster import RayBackendError, check_resources, connect
+
+
+class StaleSampleError(RayBackendError):
+    """An episode was sampled with weights older than train.ray.max_staleness allows."""
+
+
+def check_staleness(episodes, version: int, max_staleness: int) -> dict[str, float]:
+    """The off-policy figures of a batch (`ray/offpolicy_samples`, `ray/staleness_max`); a
+    StaleSampleError when an episode lags the learner's `version` by more than `max_staleness`."""
+    lags = [version - getattr(e, "policy_version", version) for e in episodes]
+    worst = max(lags, default=0)
+    if worst > max_staleness:
+        raise StaleSampleError(f"an episode was sampled at policy version {version - worst}, {worst} behind the "
+                               f"learner's {version}; train.ray.max_staleness={max_staleness} allows {max_staleness} "
+                               "(raise it to train off-policy, with the sampler's logprobs as the old policy)")
+    return {"ray/offpolicy_samples": float(sum(lag > 0 for lag in lags)), "ray/staleness_max": float(worst)}
+
+
+class RayPlayer:
+    """Plays jobs on Ray rollout workers (see the module docstring); a drop-in for EpisodePlayer."""
+
+    def __init__(self, scenario, actors: dict, seats: dict[str, str], settings, *, threads: int = 1, log=print):
+        self.local = EpisodePlayer(scenario, actors, seats)
+        self.scenario, self.actors, self.seats, self.settings, self.log = scenario, actors, seats, settings, log
+        self.version, self.shipped_version = 0, -1
+        self._seen: dict = {}  # actor -> {parameter: _version} when the version last moved
+        self._shipped: dict = {}  # actor -> {parameter: _version} as the workers hold it
+        self.context = "play"  # what is being played (the trainer sets 'step N'), for error lines
+        self.timing = {"broadcast": 0.0, "broadcast_bytes": 0.0, "retries": 0.0}
+        self.ray = connect(settings, log=log)
+        check_resources(settings)
+        self.threads = threads
+        self.workers = [self._start_worker(index) for index in range(settings.rollout_workers)]
+        self.pids = self.ray.get([w.pid.remote() for w in self.workers])
+
+    # what the rest of the run reads from a player
+    scorer = property(lambda self: self.local.scorer)
+    visibility = property(lambda self: self.local.visibility)
+    default_policy = property(lambda self: self.local.default_policy)
+    max_tokens = property(lambda self: self.local.max_tokens)
+
+    def play(self, jobs: list, *, greedy: bool = False) -> EpisodeBatch:
+        """Play every job on the workers; the same episodes, in the same order, as EpisodePlayer.play."""
+        self._broadcast(force=greedy)
+        if not jobs:
+            return EpisodeBatch(episodes=[])
+        parts = _partition(jobs, len(self.workers))
+        results = self._play_parts(jobs, parts, greedy)
+        return _merged(jobs, parts, results)
+
+    def close(self) -> None:
+        """Stop the workers (the cluster stays up for whoever started it)."""
+        for worker in self.workers:
+            self.ray.kill(worker)
+        self.workers = []
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def _start_worker(self, index: int):
+        """A new worker holding the scenario and every actor as the workers now hold them."""
+        import cloudpickle
+
+        from trainers.ray.worker import RolloutWorker
+
+        remote = self.ray.remote(RolloutWorker).options(num_cpus=self.settings.num_cpus,
+                                                         num_gpus=self.settings.num_gpus,
+                                                         max_restarts=0, name=None)
+        worker = remote.remote(self.threads)
+        problem = self.ray.get(worker.setup.remote(cloudpickle.dumps(self.scenario), self.seats,
+                                                   self.local.max_tokens))
+        if problem is None and self._shipped:
+            problem = self.ray.get(worker.sync.remote(self._full_payload(), self.shipped_version))
+        if problem is not None:
+            self.ray.kill(worker)
+            raise RayBackendError(f"rollout worker {index} cannot load the scenario's code: {problem}; every module "
+                                  "a scenario names must import on every node (the same path, or a Ray runtime_env "
+                                  "working_dir)")
+        return worker
+
+    def _play_parts(self, jobs, parts, greedy) -> list:
+        """Each worker's (EpisodeBatch, version); a dead worker's part is played again on a new one."""
+        pending = {w: self.workers[w].play.remote([jobs[i] for i in part], greedy)
+                   for w, part in enumerate(parts) if part}
+        results, attempts = [None] * len(parts), dict.fromkeys(pending, 0)
+        while pending:
+            w, future = next(iter(pending.items()))
+            try:
+                batch, problem_or_version = self.ray.get(future)
+            except self.ray.exceptions.RayActorError as error:
+                attempts[w] += 1
+                if attempts[w] > self.settings.max_retries:
+                    raise RayBackendError(f"rollout worker {w} (pid {self.pids[w]}) died during {self.context} "
+                                          f"{attempts[w]} times ({type(error).__name__}); giving up after "
+                                          f"train.ray.max_retries={self.settings.max_retries}") from None
+                self.log(f"ray: rollout worker {w} (pid {self.pids[w]}) died during {self.context}; "
+                         "replaying its episodes on a new worker")
+                self.timing["retries"] += 1
+                self.workers[w] = self._start_worker(w)
+                self.pids[w] = self.ray.get(self.workers[w].pid.remote())
+                pending[w] = self.workers[w].play.remote([jobs[i] for i in parts[w]], greedy)
+                continue
+            del pending[w]
+            if batch is None:
+                raise RayBackendError(f"rollout worker {w} failed during {self.context}: {problem_or_version}")
+            results[w] = batch
+        return results
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def _broadcast(self, *, force: bool) -> None:
+        """Move the version when a trainable actor changed, and ship what the workers must hold now:
+        new actors, frozen actors' changes, and the trainable ones' when `force`d (evaluation) or when
+        the workers would lag by more than max_staleness versions."""
+        current = {name: _parameter_versions(actor) for name, actor in self.actors.items()}
+        trainable = {name for name, actor in self.actors.items() if getattr(actor, "trainable", False)}
+        if any(current[name] != self._seen.get(name) for name in trainable) and self._seen:
+            self.version += 1
+        self._seen = {name: current[name] for name in trainable}
+        ship_trainable = force or self.shipped_version < 0 or \
+            self.version - self.shipped_version > self.settings.max_staleness
+        new = [name for name in self.actors if name not in self._shipped]
+        changed = {name: keys for name, keys in _changed(current, self._shipped).items()
+                   if name not in new and (ship_trainable or name not in trainable)}
+        dropped = [name for name in self._shipped if name not in self.actors]
+        if ship_trainable:
+            self.shipped_version = self.version
+        if not (new or changed or dropped):
+            return
+        started = time.perf_counter()
+        payload = self._payload(new, changed, dropped)
+        reference = self.ray.put(payload)
+        problems = self.ray.get([w.sync.remote(reference, self.shipped_version) for w in self.workers])
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None:
+            raise RayBackendError(f"a rollout worker cannot open the run's actors: {problem}; every module a "
+                                  "policy names must import on every node")
+        for name in new:
+            self._shipped[name] = current[name]
+        for name, keys in changed.items():
+            self._shipped[name] = {**self._shipped[name], **{k: current[name][k] for k in keys}}
+        for name in dropped:
+            del self._shipped[name]
+        self.timing["broadcast"] += time.perf_counter() - started
+        self.timing["broadcast_bytes"] += len(payload)
+
+    def _payload(self, new, changed, dropped) -> bytes:
+        import cloudpickle
+
+        params = {}
+        for name, keys in changed.items():
+            tensors = dict(self.actors[name].model.named_parameters())
+            params[name] = {key: tensors[key].detach().cpu() for key in keys}
+        return cloudpickle.dumps({"actors": {name: _shippable(self.actors[name]) for name in new},
+                                  "params": params, "dropped": dropped})
+
+    def _full_payload(self) -> bytes:
+        """Every actor as the workers hold it (for a new worker): the current weights."""
+        return self._payload([name for name in self._shipped], {}, [])
+
+
+def _parameter_versions(actor) -> dict | None:
+    """{parameter name: fingerprint} of a model actor (None for an actor without weights): the tensor's
+    in-place change count with its sum and absolute sum, since fused optimizers (AdamW(fused=True))
+    change the weights without moving the count."""
+    import torch
+
+    model = getattr(actor, "model", None)
+    if model is None:
+        return None
+    named = list(model.named_parameters())
+    if not named:
+        return {}
+    with torch.no_grad():
+        sums = torch.stack([t.detach().float().sum() for _, t in named]).tolist()
+        norms = torch.stack([t.detach().float().abs().sum() for _, t in named]).tolist()
+    return {name: (tensor._version, total, norm) for (name, tensor), total, norm in zip(named, sums, norms)}
+
+
+def _changed(current: dict, shipped: dict) -> dict[str, list[str]]:
+    """actor -> names of the parameters whose change count moved since they were shipped."""
+    changed = {}
+    for name, versions in current.items():
+        before = shipped.get(name)
+        if versions is None or before is None:
+            continue
+        keys = [key for key, count in versions.items() if before.get(key) != count]
+        if keys:
+            changed[name] = keys
+    return changed
+
+
+def _shippable(actor) -> tuple:
+    """An actor as it travels: a model actor as (model, tokenizer, sampling options), others whole."""
+    from trainers.policy.actors import ModelActor
+
+    if isinstance(actor, ModelActor):
+        return ("model", actor.model, actor.tokenizer, dict(trainable=actor.trainable, temperature=actor.temperature,
+                                                             top_p=actor.top_p, styles=actor.styles))
+    return ("object", actor)
+
+
+def _partition(jobs: list, workers: int) -> list[list[int]]:
+    """Job indices per worker: jobs sharing a replay memo (else a task and prefix) stay together;
+    groups go, in order, to the least-loaded worker (deterministic)."""
+    groups: dict = {}
+    for index, job in enumerate(jobs):
+        task = job.task if not hasattr(job.task, "id") else job.task.id
+        key = ("memo", id(job.memo)) if job.memo is not None else ("task", repr(task), job.prefix)
+        groups.setdefault(key, []).append(index)
+    parts, loads = [[] for _ in range(workers)], [0] * workers
+    for indices in groups.values():
+        target = loads.index(min(loads))
+        parts[target].extend(indices)
+        loads[target] += len(indices)
+    return parts
+
+
+def _merged(jobs: list, parts: list[list[int]], results: list) -> EpisodeBatch:
+    """The workers' batches as one, in the jobs' order: each episode back on its own job (whose replay
+    memo takes the worker's new samples), each turn pointing into the merged generations."""
+    merged, episodes = EpisodeBatch(episodes=[]), [None] * len(jobs)
+    for part, batch in zip(parts, results):
+        if batch is None:
+            continue
+        offsets = {}
+        for actor, calls in batch.generations.items():
+            offsets[actor] = len(merged.generations[actor])
+            merged.generations[actor].extend(calls)
+        for index, episode in zip(part, batch.episodes):
+            job = jobs[index]
+            if job.memo is not None and episode.job.memo is not None:
+                job.memo.update(episode.job.memo)
+            episode.job = job
+            for turn in episode.turns:
+                if turn.actor is not None and turn.batch is not None:
+                    turn.batch += offsets[turn.actor]
+            episodes[index] = episode
+    merged.episodes = episodes
+    return merged
