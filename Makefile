@@ -14,11 +14,12 @@ export TOKENIZERS_PARALLELISM := false
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# The bench extra (shap) is installed too: `make test` runs every bench/*.py --quick (tests/test_benchmarks.py).
+# The bench extra (shap) is installed too: `make test` runs every bench/*.py --quick (tests/test_benchmarks.py);
+# the ray extra too: the Ray backend's tests run on a local cluster.
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m pip install --quiet -e ".[dev,bench,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -56,6 +56,11 @@ def prepare(options: RunOptions, log=print):
     train_tasks, eval_tasks = scenario.split()
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
+    if train.backend == "ray":  # an unreachable cluster or too few resources: exit 2 before any model is built
+        from trainers.ray.cluster import check_resources, connect
+
+        connect(train.ray, log=log)
+        check_resources(train.ray)
     base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
     if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
         check_context(scenario, directory_context(base))
@@ -160,8 +165,21 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
     scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
     out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
-        return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
+    try:
+        with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
+            return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
+    finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
+        _close_backend(trainer)
+
+
+def _close_backend(trainer) -> None:
+    """Stop the Ray backend's workers and the cluster this run started (nothing for the local one)."""
+    close = getattr(trainer.player, "close", None)
+    if close is not None:
+        from trainers.ray.cluster import shutdown
+
+        close()
+        shutdown()
 
 
 def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:

@@ -20,7 +20,14 @@ hardware and memory (each a --set train.KEY=VALUE):
   train.dtype      auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16 or float16
   train.lora.r     LoRA adapters via peft (also train.lora.alpha, .dropout, .target_modules);
                    absent = full fine-tuning
-  train.gradient_checkpointing, train.max_tokens_per_microbatch   bounded memory, same loss"""
+  train.gradient_checkpointing, train.max_tokens_per_microbatch   bounded memory, same loss
+
+beyond one process (--backend ray, or --set train.backend=ray; pip install -e '.[ray]'):
+  train.ray.address          absent: a local cluster; auto or ray://HOST:PORT: an existing one
+  train.ray.rollout_workers  Ray actors playing episodes and replays (default 2), each
+                             train.ray.num_cpus / num_gpus
+  train.ray.max_staleness    0 (default): on-policy, a stale sample is an error; k: weights go out
+                             every k+1 versions and off-policy samples are logged (ray/*)"""
 
 
 def add_parser(commands) -> None:
@@ -35,6 +42,9 @@ def add_parser(commands) -> None:
     run_parser.add_argument("--tracker", choices=TRACKERS,
                             help="default: the scenario's train.tracking.tracker (wandb, offline unless "
                                  "WANDB_API_KEY is set); metrics.jsonl is always written")
+    run_parser.add_argument("--backend", choices=("local", "ray"),
+                            help="where episodes are played: this process (local) or Ray rollout workers (ray; "
+                                 "see train.ray); the same as --set train.backend=...")
     run_parser.set_defaults(handler=run)
 
 
@@ -43,7 +53,8 @@ def run(args) -> int:
     from trainers.run import RunOptions, run_scenario
 
     quiet_libraries()
-    options = RunOptions(scenario=args.scenario, overrides=args.set, out=args.out, resume=args.resume,
+    overrides = args.set + ([f"train.backend={args.backend}"] if args.backend else [])
+    options = RunOptions(scenario=args.scenario, overrides=overrides, out=args.out, resume=args.resume,
                          tracker=args.tracker, cache_dir=args.cache_dir)
     with usage_errors(*training_errors()):
         run_scenario(options)

@@ -141,6 +141,10 @@ class PolicyLearner:
         """A step without samples or signal: the optimizer and lr schedule still advance one step,
         as a zero loss would make them (so every policy stays on the run's step clock)."""
         self.optimizer.zero_grad(set_to_none=False)
+        for group in self.optimizer.param_groups:  # a learner restored from a checkpoint has no gradients yet:
+            for parameter in group["params"]:      # give them zeros, or AdamW skips them and the clock slips
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
         self._optimizer_step(skip=False)
         return {"loss": 0.0, "grad_norm": 0.0, "kl": None, "clip_fraction": 0.0, "trained_rows": 0}
 

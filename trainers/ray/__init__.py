@@ -10,4 +10,6 @@
 Everything distributed is Ray's (actors, the object store); this package only decides what goes where.
 Sampling is keyed by (episode seed, turn, agent, position) (marl.rollout.turn_key), so where an
 episode is played never changes what is sampled: the Ray backend reproduces the local one.
+
+May import: marl (the episode engine), trainers.policy (actors); ray and cloudpickle inside functions only.
 """

@@ -41,14 +41,36 @@ def connect(settings, *, log=print):
                      _node_ip_address="127.0.0.1", **options)
             log(f"ray: started a local cluster ({_local_cpus(settings)} CPUs)")
         else:
+            _check_reachable(settings.address)
             ray.init(address=settings.address, **options)
             log(f"ray: connected to {settings.address}")
+    except RayBackendError:
+        raise
     except Exception as error:  # ray raises ConnectionError, RuntimeError, ValueError... by version
         where = settings.address or "a local cluster"
         raise RayBackendError(f"train.ray.address: cannot start or reach {where} "
                               f"({_first_line(error)}); start one with `ray start --head` and pass "
                               "--set train.ray.address=auto, or leave the address out for a local one") from None
     return ray
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A RayBackendError unless HOST:PORT of the address accepts a TCP connection within `timeout`
+    seconds (Ray itself retries an unreachable head for a minute or more). 'auto' is Ray's to find."""
+    import socket
+
+    if address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayBackendError(f"train.ray.address={address!r} is not 'auto', HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise RayBackendError(f"train.ray.address: nothing answers at {target} ({error.strerror or error}); start "
+                              "the cluster (`ray start --head`) or fix the address; leave it out for a local "
+                              "cluster") from None
 
 
 def check_resources(settings) -> None:

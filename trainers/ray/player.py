@@ -66,6 +66,7 @@ class RayPlayer:
 
     def play(self, jobs: list, *, greedy: bool = False) -> EpisodeBatch:
         """Play every job on the workers; the same episodes, in the same order, as EpisodePlayer.play."""
+        self._deaths = 0
         self._broadcast(force=greedy)
         if not jobs:
             return EpisodeBatch(episodes=[])
@@ -106,22 +107,13 @@ class RayPlayer:
         """Each worker's (EpisodeBatch, version); a dead worker's part is played again on a new one."""
         pending = {w: self.workers[w].play.remote([jobs[i] for i in part], greedy)
                    for w, part in enumerate(parts) if part}
-        results, attempts = [None] * len(parts), dict.fromkeys(pending, 0)
+        results = [None] * len(parts)
         while pending:
             w, future = next(iter(pending.items()))
             try:
                 batch, problem_or_version = self.ray.get(future)
             except self.ray.exceptions.RayActorError as error:
-                attempts[w] += 1
-                if attempts[w] > self.settings.max_retries:
-                    raise RayBackendError(f"rollout worker {w} (pid {self.pids[w]}) died during {self.context} "
-                                          f"{attempts[w]} times ({type(error).__name__}); giving up after "
-                                          f"train.ray.max_retries={self.settings.max_retries}") from None
-                self.log(f"ray: rollout worker {w} (pid {self.pids[w]}) died during {self.context}; "
-                         "replaying its episodes on a new worker")
-                self.timing["retries"] += 1
-                self.workers[w] = self._start_worker(w)
-                self.pids[w] = self.ray.get(self.workers[w].pid.remote())
+                self._replace_worker(w, error, "replaying its episodes")
                 pending[w] = self.workers[w].play.remote([jobs[i] for i in parts[w]], greedy)
                 continue
             del pending[w]
@@ -129,6 +121,31 @@ class RayPlayer:
                 raise RayBackendError(f"rollout worker {w} failed during {self.context}: {problem_or_version}")
             results[w] = batch
         return results
+
+    def _replace_worker(self, w: int, error: Exception, what: str) -> None:
+        """A new worker in place of dead worker `w`; a RayBackendError past max_retries deaths per play."""
+        self._deaths = getattr(self, "_deaths", 0) + 1
+        if self._deaths > self.settings.max_retries:
+            raise RayBackendError(f"rollout worker {w} (pid {self.pids[w]}) died during {self.context} "
+                                  f"({type(error).__name__}), {self._deaths} worker deaths in this play; giving up "
+                                  f"after train.ray.max_retries={self.settings.max_retries}") from None
+        self.log(f"ray: rollout worker {w} (pid {self.pids[w]}) died during {self.context}; {what} on a new worker")
+        self.timing["retries"] += 1
+        self.workers[w] = self._start_worker(w)
+        self.pids[w] = self.ray.get(self.workers[w].pid.remote())
+
+    def _sync_workers(self, reference) -> None:
+        """Every worker applies the payload; a dead one is replaced (it starts with the current actors)."""
+        futures = [w.sync.remote(reference, self.shipped_version) for w in self.workers]
+        for index, future in enumerate(futures):
+            try:
+                problem = self.ray.get(future)
+            except self.ray.exceptions.RayActorError as error:
+                self._replace_worker(index, error, "starting again")  # it holds what was shipped before...
+                problem = self.ray.get(self.workers[index].sync.remote(reference, self.shipped_version))  # ...and this
+            if problem is not None:
+                raise RayBackendError(f"rollout worker {index} cannot open the run's actors: {problem}; every "
+                                      "module a policy names must import on every node")
 
     # -- weights --------------------------------------------------------------------------------
 
@@ -153,12 +170,7 @@ class RayPlayer:
             return
         started = time.perf_counter()
         payload = self._payload(new, changed, dropped)
-        reference = self.ray.put(payload)
-        problems = self.ray.get([w.sync.remote(reference, self.shipped_version) for w in self.workers])
-        problem = next((p for p in problems if p is not None), None)
-        if problem is not None:
-            raise RayBackendError(f"a rollout worker cannot open the run's actors: {problem}; every module a "
-                                  "policy names must import on every node")
+        self._sync_workers(self.ray.put(payload))
         for name in new:
             self._shipped[name] = current[name]
         for name, keys in changed.items():

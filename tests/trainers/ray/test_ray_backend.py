@@ -39,8 +39,8 @@ def cluster():
 
 
 def _trainer(micro_policy, backend: str, scenario="relay", overrides=RELAY, staleness=0):
-    settings = [*overrides, f"train.backend={backend}", "train.ray.rollout_workers=2",
-                f"train.ray.max_staleness={staleness}", "train.ray.num_cpus=0.5"]
+    settings = [f"train.backend={backend}", "train.ray.rollout_workers=2", f"train.ray.max_staleness={staleness}",
+                "train.ray.num_cpus=0.5", *overrides]  # the test's own overrides win
     spec = load_scenario(scenario, settings)
     model, tokenizer = micro_policy()
     actors = {"shared": ModelActor("shared", model, tokenizer, seed=0)}
@@ -76,3 +76,84 @@ def test_ray_steps_equal_local_steps_and_weights(cluster, micro_policy):
                                  remote.actors["shared"].model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
     assert remote.player.version == STEPS - 1  # one version per update that was played with
+
+
+def test_a_worker_killed_by_its_pid_mid_step_changes_nothing(cluster, micro_policy):
+    local, remote = _trainer(micro_policy, "local"), _trainer(micro_policy, "ray")
+    expected = _run(local, 2)
+    play_parts, killed = remote.player._play_parts, []
+
+    def kill_then_play(jobs, parts, greedy):  # after the step's broadcast, before its episodes come back
+        if remote.step_count == 1 and not killed:
+            killed.append(remote.player.pids[1])
+            os.kill(remote.player.pids[1], signal.SIGKILL)
+        return play_parts(jobs, parts, greedy)
+
+    remote.player._play_parts = kill_then_play
+    try:
+        assert _run(remote, 2) == expected
+        assert killed and remote.player.timing["retries"] >= 1
+        assert remote.player.pids[1] != killed[0]  # a new worker took its place
+    finally:
+        remote.player.close()
+
+
+def test_a_worker_that_keeps_dying_is_one_clear_error(cluster, micro_policy):
+    from trainers.ray.cluster import RayBackendError
+
+    remote = _trainer(micro_policy, "ray", overrides=[*RELAY, "train.ray.max_retries=0"])
+    play_parts = remote.player._play_parts
+
+    def kill_then_play(jobs, parts, greedy):
+        os.kill(remote.player.pids[0], signal.SIGKILL)
+        return play_parts(jobs, parts, greedy)
+
+    remote.player._play_parts = kill_then_play
+    try:
+        with pytest.raises(RayBackendError, match=r"rollout worker 0 \(pid \d+\) died during step 1 .*max_retries=0"):
+            remote.step()
+    finally:
+        remote.player.close()
+
+
+def test_staleness_one_plays_behind_and_logs_it_staleness_zero_refuses(cluster, micro_policy):
+    from trainers.ray.player import StaleSampleError, check_staleness
+
+    remote = _trainer(micro_policy, "ray", staleness=1)
+    try:
+        lags = [(m["ray/offpolicy_samples"], m["ray/staleness_max"]) for m in (remote.step() for _ in range(3))]
+    finally:
+        remote.player.close()
+    episodes = 2 * 3
+    # step 1 plays version 0; step 2 is one update behind (held back); step 3 would be 2 behind: shipped
+    assert lags == [(0, 0), (episodes, 1), (0, 0)]
+    stale = remote.last_step.episodes[0]
+    stale.policy_version = remote.player.version - 1
+    with pytest.raises(StaleSampleError, match="max_staleness=0 allows 0"):
+        check_staleness([stale], remote.player.version, 0)
+    assert check_staleness([stale], remote.player.version, 1)["ray/offpolicy_samples"] == 1
+
+
+def test_a_competitive_scenario_on_ray_equals_local(cluster, micro_policy, tmp_path):
+    from helpers.scenario_files import race_yaml
+
+    race = tmp_path / "race.yaml"
+    race.write_text(race_yaml())
+    local = _trainer(micro_policy, "local", scenario=race, overrides=[])
+    remote = _trainer(micro_policy, "ray", scenario=race, overrides=[])
+    try:
+        assert _run(remote) == _run(local)
+    finally:
+        remote.player.close()
+
+
+def test_too_few_resources_and_driver_only_code_are_one_line_each(cluster, micro_policy, tmp_path, monkeypatch):
+    from trainers.ray.cluster import RayBackendError
+
+    with pytest.raises(RayBackendError, match=r"8 rollout workers x 1 CPU need 8 CPU, the cluster has \d+"):
+        _trainer(micro_policy, "ray", overrides=[*RELAY, "train.ray.rollout_workers=8", "train.ray.num_cpus=1"])
+    (tmp_path / "driver_only_module.py").write_text("def stand_in(agent, observation, task):\n    return ''\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not in the workers
+    with pytest.raises(RayBackendError, match=r"rollout worker 0 cannot load the scenario.s code: driver_only_module:stand_in: .*import"):
+        _trainer(micro_policy, "ray", overrides=[*RELAY, "credit.absent=default_policy",
+                                                 "credit.default_policy=driver_only_module:stand_in"])
