@@ -179,7 +179,7 @@ def _close_backend(trainer) -> None:
         from trainers.ray.cluster import shutdown
 
         close()
-        shutdown()
+        shutdown(only_if_started_here=True)
 
 
 def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 
+_STARTED_HERE = False  # whether `connect` opened the current Ray session (then the run closes it)
+
+
 class RayBackendError(ValueError):
     """The Ray backend cannot run as configured (the message names the cause and the fix)."""
 
@@ -29,6 +32,7 @@ def connect(settings, *, log=print):
     No address: a local cluster on this machine (loopback only, no dashboard, a bounded object store).
     'auto' or 'ray://HOST:PORT': that running cluster; an unreachable one is a RayBackendError.
     """
+    global _STARTED_HERE
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -39,10 +43,12 @@ def connect(settings, *, log=print):
         if settings.address is None:
             ray.init(num_cpus=_local_cpus(settings), object_store_memory=settings.object_store_mb * 2 ** 20,
                      _node_ip_address="127.0.0.1", **options)
+            _STARTED_HERE = True
             log(f"ray: started a local cluster ({_local_cpus(settings)} CPUs)")
         else:
             _check_reachable(settings.address)
             ray.init(address=settings.address, **options)
+            _STARTED_HERE = True  # our connection: released with the run (the cluster itself stays up)
             log(f"ray: connected to {settings.address}")
     except RayBackendError:
         raise
@@ -86,21 +92,22 @@ def check_resources(settings) -> None:
                 f"train.ray.num_{name.lower()}s, or add nodes")
 
 
-def shutdown() -> None:
-    """Disconnect from Ray (a local cluster started here stops with it)."""
+def shutdown(*, only_if_started_here: bool = False) -> None:
+    """Disconnect from Ray (a local cluster started here stops with it). With `only_if_started_here`,
+    a Ray session the caller opened before (a notebook's ray.init) is left alone."""
+    global _STARTED_HERE
     try:
         import ray
     except ImportError:
         return
-    if ray.is_initialized():
+    if ray.is_initialized() and (_STARTED_HERE or not only_if_started_here):
         ray.shutdown()
+    _STARTED_HERE = False
 
 
 def _local_cpus(settings) -> int:
-    """CPUs of a local cluster: enough for every worker, and at least this machine's."""
-    import math
-
-    return max(os.cpu_count() or 1, math.ceil(settings.num_cpus * settings.rollout_workers))
+    """CPUs of a local cluster: this machine's (workers asking for more are refused, not oversubscribed)."""
+    return os.cpu_count() or 1
 
 
 def _worker_environment() -> dict[str, str]:

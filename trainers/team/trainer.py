@@ -478,7 +478,11 @@ class MultiAgentTrainer:
 STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_every"),
              ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
              ("train", "safety", "steps"), ("train", "max_masked_fraction"),  # a stopped run may resume with a new limit
-             ("train", "truncation_warn_fraction"), ("train", "tool_silence_steps")}  # warnings only
+             ("train", "truncation_warn_fraction"), ("train", "tool_silence_steps"),  # warnings only
+             # where episodes are played changes nothing (staleness 0): a run resumes on either backend
+             ("train", "backend"), ("train", "ray", "address"), ("train", "ray", "rollout_workers"),
+             ("train", "ray", "num_cpus"), ("train", "ray", "num_gpus"), ("train", "ray", "max_retries"),
+             ("train", "ray", "object_store_mb")}
 
 
 def resume_fingerprint(spec) -> dict:

@@ -1,0 +1,57 @@
+"""`marl run --backend ray` end to end: the same metrics as the local backend, checkpoints that resume
+on either backend, and one-line errors before any model is built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from trainers.cli.main import main  # noqa: E402
+from helpers.cli import one_error_line, run_marl  # noqa: E402
+
+pytestmark = pytest.mark.ray
+SMALL = ["train.prompts_per_step=2", "train.group_size=3", "tasks.count=40", "tasks.eval_count=4",
+         "train.warmup.rl_steps=0", "train.checkpoint_every=1", "credit.method=shapley",
+         "train.ray.rollout_workers=2", "train.ray.num_cpus=0.5"]
+
+
+def _args(*extra: str) -> list[str]:
+    return [item for setting in (*SMALL, *extra) for item in ("--set", setting)]
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/"))} for row in rows]
+
+
+def test_a_ray_run_logs_what_a_local_run_logs_and_resumes_on_the_local_backend(demo_model_dir, tmp_path, capsys):
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["run", "relay", *_args("train.steps=3"), "--out", str(local), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_args("train.steps=2"), "--out", str(remote), "--tracker", "none",
+                 "--backend", "ray"]) == 0
+    assert "ray: started a local cluster" in capsys.readouterr().out
+    raw = [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["ray/staleness_max"] == 0 for row in raw if "ray/staleness_max" in row)
+    assert main(["run", "relay", *_args("train.steps=3"), "--out", str(remote), "--tracker", "none", "--resume"]) == 0
+    assert _metrics(remote) == _metrics(local)  # 2 steps on Ray workers, the third here: the local run's figures
+    assert json.loads((remote / "after.json").read_text()) == json.loads((local / "after.json").read_text())
+
+
+def test_an_unreachable_cluster_is_one_line_before_any_model_is_built(tmp_path):
+    out = tmp_path / "run"
+    result = run_marl("run", "relay", "--backend", "ray", "--set", "train.ray.address=127.0.0.1:9",
+                      "--out", str(out), "--cache-dir", str(tmp_path / "cache"), timeout=60)
+    line = one_error_line(result)
+    assert "train.ray.address: nothing answers at 127.0.0.1:9" in line and "ray start --head" in line
+    assert not out.exists() and not (tmp_path / "cache").exists()  # nothing built, nothing written
+
+
+def test_a_cluster_too_small_for_the_workers_is_one_line(tmp_path):
+    result = run_marl("run", "relay", "--backend", "ray", "--set", "train.ray.rollout_workers=64",
+                      "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), timeout=120)
+    line = one_error_line(result)
+    assert "64 rollout workers x 1 CPU need 64 CPU" in line and "lower train.ray.rollout_workers" in line
