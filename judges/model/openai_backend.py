@@ -60,6 +60,20 @@ from judges.model.backend import run_sync  # noqa: E402,F401 - re-exported; one 
 
 
 # -- rate limiting -----------------------------------------------------------------------------------------
+# Where requests to one endpoint are limited: None, each backend limits itself (its semaphore and
+# bucket); else a function (identity, requests_per_second, max_concurrency) -> a gate with async
+# `acquire()` and `release()`, shared by every backend of that endpoint. The Ray backend sets it in
+# the driver and in every worker, so the limits hold across the cluster, not per process
+# (trainers/ray/gates.py).
+_GATE_PROVIDER = None
+
+
+def share_endpoint_limits(provider) -> None:
+    """Route every OpenAIBackend's concurrency and rate limit through `provider` (None: each its own)."""
+    global _GATE_PROVIDER
+    _GATE_PROVIDER = provider
+
+
 class TokenBucket:
     """A token bucket (GCRA form): `rate` sends per second with bursts of at most `burst`.
 
@@ -337,7 +351,10 @@ class OpenAIBackend:
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
         self.cache = cache
+        self.requests_per_second = requests_per_second
         self.bucket = TokenBucket(requests_per_second) if requests_per_second else None
+        self._gate = None
+        self._shared_gate()  # made now where a provider is set, so the process that builds a judge owns it
         self.stats = {"calls": 0, "cache_hits": 0, "retries": 0, "failed": 0}
         self._rng = random.Random(seed)
         self._semaphore: asyncio.Semaphore | None = None
@@ -386,8 +403,24 @@ class OpenAIBackend:
                 arguments["top_logprobs"] = request.top_logprobs
         return arguments
 
+    def _shared_gate(self):
+        """The gate this endpoint's requests share with other processes (None: the limits are local)."""
+        if self._gate is None and _GATE_PROVIDER is not None:
+            self._gate = _GATE_PROVIDER(self.identity, self.requests_per_second, self.max_concurrency)
+        return self._gate
+
     async def _attempt(self, request: ChatRequest) -> Any:
-        """One network call: a concurrency slot, a rate token, the call under the timeout."""
+        """One network call: a concurrency slot, a rate token, the call under the timeout (slot and
+        token from the shared gate when one is set: `share_endpoint_limits`)."""
+        gate = self._shared_gate()
+        if gate is not None:
+            await gate.acquire()
+            try:
+                self.stats["calls"] += 1
+                create = self._client_for_running_loop().chat.completions.create(**self._request_arguments(request))
+                return await asyncio.wait_for(create, timeout=self.timeout_s)
+            finally:
+                await gate.release()
         async with self._slots():
             if self.bucket is not None:
                 await self.bucket.acquire()

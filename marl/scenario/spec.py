@@ -218,7 +218,9 @@ class JudgeSpec(Strict):
     rubric: str | None = None
     scale: tuple[int, int] = (1, 10)
     calibration: str | None = Field(None, description="path of a calibration JSON for this judge")
-    concurrency: int = Field(8, ge=1)
+    concurrency: int = Field(8, ge=1, description="requests in flight at most (across a Ray cluster: in all)")
+    requests_per_second: float | None = Field(None, gt=0, description="requests sent per second at most (across "
+                                                                      "a Ray cluster: in all); absent: no limit")
     timeout_s: float = Field(60.0, gt=0)
 
 

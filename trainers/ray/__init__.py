@@ -4,6 +4,7 @@
                  missing resources
     worker.py    RolloutWorker: a Ray actor holding copies of the run's actors, playing episodes and
                  their counterfactual replays with the one episode engine (marl.rollout)
+    gates.py     EndpointGate: one concurrency cap and rate limit per judge endpoint for the cluster
     player.py    RayPlayer: the driver's drop-in for EpisodePlayer; splits jobs over the workers,
                  ships changed weights with a version number, replays a dead worker's jobs
 
@@ -11,5 +12,5 @@ Everything distributed is Ray's (actors, the object store); this package only de
 Sampling is keyed by (episode seed, turn, agent, position) (marl.rollout.turn_key), so where an
 episode is played never changes what is sampled: the Ray backend reproduces the local one.
 
-May import: marl (the episode engine), trainers.policy (actors); ray and cloudpickle inside functions only.
+May import: marl (the episode engine), trainers.policy (actors), judges.model (endpoint limits); ray and cloudpickle inside functions only.
 """

@@ -12,6 +12,9 @@ every worker in one object-store payload. With `max_staleness: k` the trainable 
 held back until the workers lag by more than k versions (frozen opponents and evaluations always get
 the current weights), and every episode records the version it was sampled at.
 
+Model judges and endpoint policies share one concurrency cap and rate limit per endpoint across the
+driver and the workers (trainers/ray/gates.py).
+
 A worker that dies (RayActorError) is replaced by a new one holding the current actors, and its jobs
 are played again with the same keys, at most `max_retries` times per play; then a RayBackendError
 names the worker, its PID and what was being played.
@@ -45,7 +48,6 @@ class RayPlayer:
     """Plays jobs on Ray rollout workers (see the module docstring); a drop-in for EpisodePlayer."""
 
     def __init__(self, scenario, actors: dict, seats: dict[str, str], settings, *, threads: int = 1, log=print):
-        self.local = EpisodePlayer(scenario, actors, seats)
         self.scenario, self.actors, self.seats, self.settings, self.log = scenario, actors, seats, settings, log
         self.version, self.shipped_version = 0, -1
         self._seen: dict = {}  # actor -> {parameter: _version} when the version last moved
@@ -54,6 +56,10 @@ class RayPlayer:
         self.timing = {"broadcast": 0.0, "broadcast_bytes": 0.0, "retries": 0.0}
         self.ray = connect(settings, log=log)
         check_resources(settings)
+        from trainers.ray import gates
+
+        gates.install(self.ray)  # before any judge is built: this process owns every endpoint's gate
+        self.local = EpisodePlayer(scenario, actors, seats)
         self.threads = threads
         self.workers = [self._start_worker(index) for index in range(settings.rollout_workers)]
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
@@ -76,9 +82,12 @@ class RayPlayer:
 
     def close(self) -> None:
         """Stop the workers (the cluster stays up for whoever started it)."""
+        from trainers.ray import gates
+
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
+        gates.uninstall()
 
     # -- workers --------------------------------------------------------------------------------
 

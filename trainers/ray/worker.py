@@ -35,6 +35,11 @@ class RolloutWorker:
         import cloudpickle
 
         try:
+            import ray
+
+            from trainers.ray import gates
+
+            gates.install(ray)  # this worker's judges share the driver's per-endpoint limits
             self.scenario = cloudpickle.loads(scenario_bytes)
             self.seats = dict(seats)
             self.max_tokens = dict(max_tokens)

@@ -157,3 +157,45 @@ def test_too_few_resources_and_driver_only_code_are_one_line_each(cluster, micro
     with pytest.raises(RayBackendError, match=r"rollout worker 0 cannot load the scenario.s code: driver_only_module:stand_in: .*import"):
         _trainer(micro_policy, "ray", overrides=[*RELAY, "credit.absent=default_policy",
                                                  "credit.default_policy=driver_only_module:stand_in"])
+
+
+def test_a_judge_rate_limit_and_concurrency_hold_across_two_workers(cluster, micro_policy, tmp_path):
+    """Two workers score episodes with one judge endpoint at 10 requests/s and 2 in flight: the server
+    sees those limits for the cluster as a whole (per-worker limits would let twice through)."""
+    import shutil
+    import threading
+    import time
+
+    from helpers.judge_server import JudgeServer, write_judged_relay
+    from helpers.paths import SCENARIOS
+    from marl.rollout import EpisodeJob
+    from trainers.ray.gates import gate_name
+    import ray
+
+    shutil.copy(SCENARIOS / "relay_lib.py", tmp_path / "relay_lib.py")
+    sent, lock, rate = [], threading.Lock(), 10.0
+
+    def record(body):
+        with lock:
+            sent.append(time.monotonic())
+        return ("ok", "Rating: [[8]]")
+
+    with JudgeServer(default=record, latency_s=0.05) as server:
+        path = write_judged_relay(SCENARIOS, server.url, tmp_path)
+        trainer = _trainer(micro_policy, "ray", scenario=path,
+                           overrides=["tasks.count=40", "tasks.eval_count=4", f"judges.0.requests_per_second={rate}",
+                                      "judges.0.concurrency=2"])
+        try:
+            tasks = trainer.scenario.split()[0][:12]
+            episodes = trainer.player.play([EpisodeJob(task, index) for index, task in enumerate(tasks)]).episodes
+            gate = ray.get_actor(gate_name(f"openai:judge@{server.url.rstrip('/')}"))
+            granted = ray.get(gate.stats.remote())
+        finally:
+            trainer.player.close()
+        in_flight = server.max_in_flight
+    assert len(episodes) == 12 and all(not math.isnan(e.team_reward()) for e in episodes)  # judged, none failed
+    count, span = len(sent), max(sent) - min(sent)
+    assert count >= 12 and granted["granted"] == count  # every request went through the one gate
+    assert granted["max_in_flight"] <= 2
+    assert span >= 0.8 * (count - 1) / rate, (count, span)  # one bucket (arrival jitter aside); per worker: 0.5x
+    assert in_flight <= 2
