@@ -55,3 +55,36 @@ def test_a_cluster_too_small_for_the_workers_is_one_line(tmp_path):
                       "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), timeout=120)
     line = one_error_line(result)
     assert "64 rollout workers x 1 CPU need 64 CPU" in line and "lower train.ray.rollout_workers" in line
+
+
+def test_lora_adapters_travel_to_the_workers_and_train_as_locally(demo_model_dir, tmp_path):
+    lora = ("train.steps=2", "train.lora.r=4", "train.stages=[main]")
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["run", "relay", *_args(*lora), "--out", str(local), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_args(*lora), "--out", str(remote), "--tracker", "none", "--backend", "ray"]) == 0
+    assert _metrics(remote) == _metrics(local)
+    assert any(row["policy/shared/loss"] != 0 for row in _metrics(local))
+
+
+def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "trainers.cli.main", "run", "relay", *_args("train.steps=400"), "--out", str(out),
+               "--tracker", "none", "--backend", "ray"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "checkpoint written at step" in output and "Traceback" not in output
+    assert (out / "checkpoints" / "latest").is_file()
+    workers = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout.split()
+    assert not workers  # the run's local cluster and its workers are gone
