@@ -363,6 +363,20 @@ class OpenAIBackend:
     def __repr__(self) -> str:
         return f"OpenAIBackend({self.identity!r}, max_concurrency={self.max_concurrency})"
 
+    def __getstate__(self) -> dict:
+        """What travels to another process (a Ray worker): the settings, never a live client, loop or
+        semaphore; a client built here is built again there. A client passed in cannot travel."""
+        if not self._owns_client:
+            raise TypeError(f"{self!r} was given its client, which cannot be sent to another process; "
+                            "let the backend build its own (client=None)")
+        state = dict(self.__dict__)
+        state.update(client=None, _client_loop=None, _semaphore=None, _semaphore_loop=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.client = self._build_client()
+
     def _build_client(self) -> Any:
         """An openai.AsyncOpenAI from this backend's settings (the SDK's own retries off)."""
         import openai  # the project's only openai import

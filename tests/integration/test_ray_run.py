@@ -88,3 +88,32 @@ def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_pa
     assert (out / "checkpoints" / "latest").is_file()
     workers = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout.split()
     assert not workers  # the run's local cluster and its workers are gone
+
+
+def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_dir):
+    """left: a frozen own copy; right: an OpenAI-compatible endpoint (sent to the workers, its client
+    rebuilt there); final: the shared trainable model. Two steps on Ray log what two local steps log."""
+    from helpers.judge_server import JudgeServer
+    from trainers.ray.cluster import shutdown
+    from trainers.run import RunOptions, prepare
+
+    def adder(body):
+        a, b = body["messages"][-1]["content"].rstrip("=").split("+")
+        return ("ok", str(int(a) + int(b)))
+
+    results = {}
+    with JudgeServer(default=adder) as server:
+        for backend in ("local", "ray"):
+            overrides = ["train.group_size=4", "train.prompts_per_step=2", "agents.0.policy=own",
+                         "agents.0.trainable=false", "agents.1.policy=openai:adder", f"agents.1.base_url={server.url}",
+                         "agents.1.api_key_env=null", f"train.backend={backend}", "train.ray.num_cpus=0.5"]
+            _, _, _, trainer = prepare(RunOptions("relay", overrides), log=lambda *_: None)
+            try:
+                rows = [trainer.step() for _ in range(2)]
+            finally:
+                if backend == "ray":
+                    trainer.player.close()
+                    shutdown()
+            results[backend] = [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/"))} for row in rows]
+        assert server.requests == 2 * 2 * 8  # right speaks once in each of the 8 episodes of 2 steps, per backend
+    assert results["ray"] == results["local"]

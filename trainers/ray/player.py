@@ -59,6 +59,10 @@ class RayPlayer:
         from trainers.ray import gates
 
         gates.install(self.ray)  # before any judge is built: this process owns every endpoint's gate
+        for actor in actors.values():  # endpoint policies were built before: their gates are made here too
+            backend = getattr(actor, "backend", None)
+            if hasattr(backend, "_shared_gate"):
+                backend._shared_gate()
         self.local = EpisodePlayer(scenario, actors, seats)
         self.threads = threads
         self.workers = [self._start_worker(index) for index in range(settings.rollout_workers)]
