@@ -163,7 +163,13 @@ def run_scenario(options: RunOptions, log=print) -> dict:
 
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
-    scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+    try:
+        scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+    except BaseException:  # a run that fails to start leaves no Ray cluster behind
+        from trainers.ray.cluster import shutdown
+
+        shutdown(only_if_started_here=True)
+        raise
     out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):

@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 from trainers.cli.main import main  # noqa: E402
 from helpers.cli import one_error_line, run_marl  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real cluster: seconds to start, minutes in all
 SMALL = ["train.prompts_per_step=2", "train.group_size=3", "tasks.count=40", "tasks.eval_count=4",
          "train.warmup.rl_steps=0", "train.checkpoint_every=1", "credit.method=shapley",
          "train.ray.rollout_workers=2", "train.ray.num_cpus=0.5"]
@@ -117,3 +117,12 @@ def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_di
             results[backend] = [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/"))} for row in rows]
         assert server.requests == 2 * 2 * 8  # right speaks once in each of the 8 episodes of 2 steps, per backend
     assert results["ray"] == results["local"]
+
+
+def test_a_local_checkpoint_resumes_on_the_ray_backend(demo_model_dir, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["run", "relay", *_args("train.steps=3"), "--out", str(straight), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_args("train.steps=2"), "--out", str(split), "--tracker", "none"]) == 0
+    assert main(["run", "relay", *_args("train.steps=3"), "--out", str(split), "--tracker", "none", "--resume",
+                 "--backend", "ray"]) == 0
+    assert _metrics(split) == _metrics(straight)

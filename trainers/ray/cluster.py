@@ -96,9 +96,10 @@ def shutdown(*, only_if_started_here: bool = False) -> None:
     """Disconnect from Ray (a local cluster started here stops with it). With `only_if_started_here`,
     a Ray session the caller opened before (a notebook's ray.init) is left alone."""
     global _STARTED_HERE
-    try:
-        import ray
-    except ImportError:
+    import sys
+
+    ray = sys.modules.get("ray")  # never imported: nothing to shut down (and no import for a local run)
+    if ray is None:
         return
     if ray.is_initialized() and (_STARTED_HERE or not only_if_started_here):
         ray.shutdown()

@@ -22,7 +22,7 @@ from trainers.grpo.config import GRPOConfig  # noqa: E402
 from trainers.policy.actors import ModelActor  # noqa: E402
 from trainers.team.trainer import MultiAgentTrainer  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real cluster: seconds to start, minutes in all
 RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.method=shapley"]
 STEPS = 3
 
