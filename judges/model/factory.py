@@ -5,7 +5,8 @@
                          "rubric": None, "scale": (1, 10), "calibration": "cal.json",
                          "concurrency": 8, "timeout_s": 60})
 
-In a reward layer a judge scores one candidate at a time, so scenarios use `pointwise` judges;
+Backend `reward_model` is a trained reward model (`marl rm train`): `model` is its directory, and
+there is no prompt, rubric or scale (judges.model.reward_model). In a reward layer a judge scores one candidate at a time, so scenarios use `pointwise` judges;
 pairwise and listwise judges compare candidates and are used from Python (`judges.model.judges`).
 A calibration file must have been fitted for this very judge (same model, endpoint, prompt and
 settings): otherwise building fails, rather than silently applying someone else's correction.
@@ -19,7 +20,7 @@ from typing import Any
 
 from judges.types import Candidate, Item, Judgment
 
-BACKENDS = ("openai", "local", "simulated")
+BACKENDS = ("openai", "local", "simulated", "reward_model")
 
 
 class CalibratedScorer:
@@ -79,8 +80,15 @@ def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, clie
     if config.get("mode", "pointwise") != "pointwise":
         raise ValueError(f"judge {config.get('name')!r}: mode {config.get('mode')!r} compares candidates; a reward "
                          "layer scores one candidate at a time, so use mode 'pointwise' there")
-    judge = PointwiseJudge(build_backend(config, base_dir, client), name=config.get("name"),
-                           rubric=config.get("rubric") or DEFAULT_RUBRIC, scale=tuple(config.get("scale", (1, 10))))
+    if config.get("backend") == "reward_model":  # a trained scorer, no prompt: its model is a directory
+        from judges.model.reward_model import RewardModelJudge
+
+        path = Path(config["model"])
+        judge = RewardModelJudge.load(path if path.is_absolute() or base_dir is None else Path(base_dir) / path,
+                                      name=config.get("name"))
+    else:
+        judge = PointwiseJudge(build_backend(config, base_dir, client), name=config.get("name"),
+                               rubric=config.get("rubric") or DEFAULT_RUBRIC, scale=tuple(config.get("scale", (1, 10))))
     if not config.get("calibration"):
         return judge
     from judges.stats.calibration import Calibrator

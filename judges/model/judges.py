@@ -148,6 +148,9 @@ class PairJudgment:
     consistent: bool | None
     status: str
     rationale: str = ""
+    # per order, P(the candidate in slot 1 is better), when the judge gives exact probabilities per order (a
+    # reward model's Bradley-Terry ones); the bias report then fits its slopes on them, not on 0/1 picks
+    slot1_probabilities: tuple[float, ...] | None = None
 
 
 class PairwiseJudge(ModelJudge):

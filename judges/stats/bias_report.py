@@ -10,7 +10,8 @@ What is measured (every estimate is {estimate, ci_low, ci_high}):
   whatever the pair), the flip rate (NOT the bias: a T>0 judge flips close pairs with no bias at all)
   and the first-slot rate;
 - length: the slope of P(padded preferred) on the log-length ratio from padding probes, position
-  held out by the both-orders design;
+  held out by the both-orders design (a reward model's pairs carry exact Bradley-Terry probabilities,
+  sigmoid(r_a - r_b), and the slope and the effects below are fitted on them as fractional outcomes);
 - format / authority / self_preference: the logit effect of markdown, a fake citation and a claim of
   the judge's own authorship (probes with the same content), net of the measured length slope;
 - master_key / null_answer / injection: how often a contentless "master key", an empty answer or an
@@ -76,10 +77,18 @@ def _slot1_picks(pair) -> tuple[float, float]:
     return first, second
 
 
-def _slot1_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
-    """The slot-1 picks of every pair as two arrays: order (a, b) and order (b, a)."""
-    first, second = zip(*(_slot1_picks(p) for p in pairs))
+def _slot1_arrays(pairs, soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The slot-1 picks of every pair as two arrays: order (a, b) and order (b, a). With `soft`, a pair that
+    carries per-order probabilities (a reward model's) gives them instead of 0/1 picks: a judge that is
+    never unsure would otherwise separate the fit (every padded answer wins) and leave its slope unbounded."""
+    first, second = zip(*(_soft_picks(p) if soft and p.slot1_probabilities is not None and p.p_a is not None
+                          else _slot1_picks(p) for p in pairs))
     return np.array(first), np.array(second)
+
+
+def _soft_picks(pair) -> tuple[float, float]:
+    first, second = pair.slot1_probabilities
+    return float(first), float(second)
 
 
 async def _compare_all(judge, pairs: list[tuple[Item, str, str]]):
@@ -111,7 +120,7 @@ def _position(pairs) -> dict:
 def _length(probes: list[Probe], pairs) -> dict:
     from judges.stats.inference import length_slope
 
-    first, second = _slot1_arrays(pairs)
+    first, second = _slot1_arrays(pairs, soft=True)
     result = length_slope(first, second, np.array([p.log_length_ratio for p in probes]))
     return {"slope": _estimate_dict(result.slope), "position": _estimate_dict(result.position),
             "n_pairs": result.n_pairs}
@@ -123,7 +132,7 @@ def _effect(probes: list[Probe], pairs, length_slope: float) -> dict:
     also lengthens the answer is not charged twice."""
     from judges.stats.inference import logistic_fit
 
-    first, second = _slot1_arrays(pairs)
+    first, second = _slot1_arrays(pairs, soft=True)
     preferred = np.concatenate([first, 1.0 - second])
     side = np.concatenate([np.ones(len(first)), -np.ones(len(second))])
     length = np.tile([p.log_length_ratio for p in probes], 2)

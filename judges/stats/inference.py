@@ -41,6 +41,15 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf((1.0 + level) / 2.0)
 
 
+def _fractions(values: np.ndarray, name: str) -> np.ndarray:
+    """Outcomes in [0, 1] (0/1 picks, or probabilities: a quasi-binomial fit), NaN for missing."""
+    data = np.asarray(values, dtype=float)
+    finite = data[np.isfinite(data)]
+    if not np.all((finite >= 0) & (finite <= 1)):
+        raise ValueError(f"{name} must hold values in [0, 1] (NaN for missing)")
+    return data
+
+
 def _binary(values: np.ndarray, name: str) -> np.ndarray:
     data = np.asarray(values, dtype=float)
     finite = data[np.isfinite(data)]
@@ -210,15 +219,16 @@ def length_slope(slot1_padded_first: np.ndarray, slot1_padded_second: np.ndarray
                  log_length_diff: np.ndarray, level: float = 0.95) -> LengthSlope:
     """Length slope from padding probes judged in both orders (quality difference 0 by construction).
 
-    slot1_padded_first[i]: 1 if the judge picked slot 1 when shown (padded, original);
+    slot1_padded_first[i]: 1 if the judge picked slot 1 when shown (padded, original) (or the probability
+    that it would, for a judge that gives one: a quasi-binomial fit);
     slot1_padded_second[i]: 1 if it picked slot 1 when shown (original, padded);
     log_length_diff[i]: log len(padded) - log len(original).
     Model: logit P(padded preferred) = b * log_length_diff + p * s, s = +1 when the padded answer
     is in slot 1, -1 otherwise; both orders make s balanced so p cannot leak into b.
     CIs from the observed Fisher information. NaN verdicts drop that order's row.
     """
-    first = _binary(slot1_padded_first, "slot1_padded_first")
-    second = _binary(slot1_padded_second, "slot1_padded_second")
+    first = _fractions(slot1_padded_first, "slot1_padded_first")
+    second = _fractions(slot1_padded_second, "slot1_padded_second")
     diff = np.asarray(log_length_diff, dtype=float)
     if not first.shape == second.shape == diff.shape:
         raise ValueError("the three arrays must have the same length")

@@ -237,6 +237,8 @@ def _blend_problems(rewards, judge_names: set) -> list[tuple[tuple, str]]:
 
 
 def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[tuple, str]]:
+    from judges.model.reward_model import reward_model_problem
+
     judge = next(j for j in scenario.spec.judges if j.name == scorer.kind)
     index = scenario.spec.judges.index(judge)
     problems = []
@@ -246,6 +248,8 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
     if judge.mode != "pointwise":
         problems.append((("judges", index, "mode"), f"judge {judge.name!r} scores a reward layer, which needs mode "
                                                     "'pointwise' (pairwise and listwise compare candidates)"))
+    if judge.backend == "reward_model" and (problem := reward_model_problem(scenario.base_dir / judge.model)):
+        problems.append((("judges", index, "model"), problem))
     if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():
         problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} not found next to the "
                                                            "scenario (fit one with `marl judges calibrate`)"))

@@ -210,8 +210,9 @@ class JudgeSpec(Strict):
     """A model judge (meaning given by the judges module)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    backend: Literal["openai", "local", "simulated"] = "openai"
-    model: str
+    backend: Literal["openai", "local", "simulated", "reward_model"] = "openai"
+    model: str = Field(description="the endpoint's model name; for local and reward_model, a directory (relative "
+                                   "to the scenario file)")
     base_url: str | None = None
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
     mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"

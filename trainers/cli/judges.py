@@ -5,7 +5,9 @@ Items file (JSONL), one object per line:
 `gold` (optional) is the index of the better candidate, or a score in [0, 1] of the first one.
 A gold file (`--gold`) may instead give {"id": "q1", "gold": 0} lines.
 
-These commands need no torch. Every bad input is one line on stderr and exit status 2, and every
+With `--reward-model RM_DIR` the judge is a trained reward model (`marl rm train`): a pair's verdict is
+the sign of the reward difference and P(better) its Bradley-Terry probability, so its length, format and
+master-key biases are probed like a prompted judge's. These commands need no torch (a reward model does). Every bad input is one line on stderr and exit status 2, and every
 option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
 `--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
 the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
@@ -136,10 +138,13 @@ def write_json_atomically(path: str | Path, data) -> None:
 
 
 def build_judge(args, items):
-    """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache."""
+    """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache, or
+    the reward model of --reward-model (pairwise verdicts from reward differences; no cache needed)."""
     from judges.model.judges import PairwiseJudge
     from judges.model.openai_backend import OpenAIBackend
 
+    if args.reward_model:
+        return _reward_model_judge(args.reward_model)
     if args.simulated:
         from judges.model.simulated import SimulatedClient
 
@@ -156,6 +161,19 @@ def build_judge(args, items):
     return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
 
 
+def _reward_model_judge(directory: str):
+    """The reward model of --reward-model as a pairwise judge; UsageError (one line) when it cannot be used."""
+    from judges.model.reward_model import RewardModelError, RewardModelJudge
+
+    from trainers.cli.common import quiet_libraries
+
+    quiet_libraries()
+    try:
+        return RewardModelJudge.load(directory)
+    except (RewardModelError, OSError) as error:
+        raise UsageError(f"--reward-model {directory}: {error}") from None
+
+
 def _bias(text: str) -> tuple[str, float]:
     name, _, value = text.partition("=")
     try:
@@ -167,6 +185,9 @@ def _bias(text: str) -> tuple[str, float]:
 def _preflight(judge, item) -> None:
     """Judge one pair first, so an unreachable endpoint or a wrong model fails fast with its cause."""
     from judges.model.backend import run_sync
+
+    if not hasattr(judge, "backend"):
+        return  # a reward model: loaded and checked already, no endpoint to reach
     from judges.types import Candidate, Item
 
     second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
@@ -278,6 +299,8 @@ def add_parser(commands) -> None:
                             ("calibrate", "fit a calibrator on gold-labelled pairs")):
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+        parser.add_argument("--reward-model", metavar="RM_DIR", help="judge with a reward model `marl rm train` "
+                                                                     "wrote (pairwise verdicts from reward differences)")
         parser.add_argument("--model", default="sim", help="model name the endpoint serves")
         parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
         parser.add_argument("--items", required=True, help="JSONL items file (see `marl judges report --help`)")

@@ -10,6 +10,8 @@
     marl export PATH --out DIR [--merge]   a checkpoint's models; --merge: LoRA adapters merged into their base
     marl estimate SCENARIO [--probe-steps N]
     marl judges report|calibrate --base-url URL --model NAME --items FILE.jsonl --out FILE
+    marl judges report --reward-model RM_DIR --items FILE.jsonl --out FILE   a reward model's biases
+    marl rm train --pairs PAIRS.jsonl --base MODEL_DIR --out RM_DIR   a Bradley-Terry reward model
 
 Each command is one module of this folder with `add_parser(commands)` and `run(args)` (see
 common.py). Errors are printed as one clear line (what is wrong and how to fix it) with exit status
@@ -21,11 +23,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainers.cli import credit, demo, estimate, export, judges, rollout, run, serve, validate
+from trainers.cli import credit, demo, estimate, export, judges, rm, rollout, run, serve, validate
 from trainers.cli import eval as evaluate  # imported under another name: `eval` is a builtin
 from trainers.cli.common import UsageError, print_problems
 
-COMMANDS = (demo, validate, rollout, credit, serve, run, evaluate, export, estimate, judges)  # the order `marl --help` lists
+COMMANDS = (demo, validate, rollout, credit, serve, run, evaluate, export, estimate, judges, rm)  # the order `marl --help` lists
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ STEP_METRICS = (
     ("judge/*", "train/step"),
     ("selfplay/*", "train/step"),
     ("time/*", "train/step"),
+    ("rm/*", "rm/step"),  # `marl rm train`
 )
 
 Cell = str | int | float

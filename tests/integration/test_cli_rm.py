@@ -1,0 +1,153 @@
+"""`marl rm train` as a user runs it, and a trained reward model as a scenario's judge: the W&B run read
+back from disk, every bad input one line with exit 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from helpers.cli import one_error_line, run_marl
+
+GOOD = {"prompt": "Task: 1+2=", "chosen": "ANSWER: 3. Checked twice.", "rejected": "ANSWER: 3."}
+
+
+def write_pairs(path, rows) -> str:
+    path.write_text("".join(row if isinstance(row, str) else json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def many_pairs(count: int) -> list[dict]:
+    return [{"prompt": f"Task: {i}+1=", "chosen": f"ANSWER: {i + 1}. It is checked.", "rejected": f"ANSWER: {i + 1}."}
+            for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, real_model_dirs):
+    """`marl rm train` run in this process with W&B offline: (reward model dir, stdout lines)."""
+    import contextlib
+    import io
+
+    from trainers.cli.main import main
+
+    root = tmp_path_factory.mktemp("rm_cli")
+    pairs = write_pairs(root / "pairs.jsonl", many_pairs(60))
+    out = root / "rm"
+    printed = io.StringIO()
+    environ = dict(os.environ)
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    try:
+        with contextlib.redirect_stdout(printed):
+            status = main(["rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["llama"]), "--out", str(out),
+                           "--epochs", "2", "--lr", "1e-3", "--eval-fraction", "0.2", "--log-every", "5"])
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    assert status == 0, printed.getvalue()
+    return out, printed.getvalue().splitlines()
+
+
+def test_rm_train_writes_a_loadable_reward_model_with_its_record(trained):
+    from transformers import AutoModelForSequenceClassification
+
+    out, lines = trained
+    record = json.loads((out / "marl_reward_model.json").read_text())
+    assert record["train_pairs"] == 48 and record["held_out_pairs"] == 12 and len(record["epochs"]) == 2
+    assert 0 <= record["held_out"]["accuracy"] <= 1 and record["settings"]["epochs"] == 2
+    assert AutoModelForSequenceClassification.from_pretrained(out).config.num_labels == 1
+    assert any(line.startswith("rm step 5/") for line in lines)  # progress output
+    assert lines[-1].startswith(f"wrote {out}: held-out accuracy") and "s/epoch" in lines[-1]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".rm.")]  # no temporary directory left
+
+
+def test_rm_train_logs_a_wandb_run_in_the_model_directory(trained):
+    from helpers.wandb_reader import read_offline_run
+
+    out, _ = trained
+    run, _ = read_offline_run(out / "wandb")
+    steps = [row for row in run["history"] if "rm/loss" in row]
+    assert [row["rm/step"] for row in steps] == list(range(1, len(steps) + 1)) and len(steps) == 12
+    evals = [row for row in run["history"] if "rm/eval_accuracy" in row]
+    assert [row["rm/epoch"] for row in evals] == [1, 2]
+    assert {"name": "rm/*", "step_metric": "rm/step"} in run["metrics"]
+    assert run["exit_code"] == 0
+
+
+def test_the_reward_model_scores_a_scenario_as_its_judge(trained, tmp_path):
+    from marl.env import make_env
+    from marl.scenario.load import load_scenario
+
+    out, _ = trained
+    scenario_file = tmp_path / "rm_judged.yaml"
+    scenario_file.write_text(f"""\
+name: rm_judged
+agents:
+  - name: solver
+tasks:
+  inline:
+    - prompt: "Task: 4+1="
+      answer: "5"
+judges:
+  - {{name: rm, backend: reward_model, model: {out}}}
+rewards:
+  weights: {{outcome: 1.0, process: 0.0, format: 0.0}}
+  outcome:
+    - kind: rm
+""")
+    env = make_env(load_scenario(scenario_file))
+    scores = {}
+    for answer in ("ANSWER: 5.", "ANSWER: 5. It is checked."):
+        env.reset(seed=0)
+        _, rewards, *_ = env.step({"solver": answer})
+        scores[answer] = rewards["solver"]
+    assert all(0 < value < 1 for value in scores.values())
+    assert scores["ANSWER: 5. It is checked."] > scores["ANSWER: 5."]  # the preference it was trained on
+
+
+def test_a_scenario_naming_a_non_reward_model_fails_validation_with_its_location(real_model_dirs, tmp_path):
+    scenario_file = tmp_path / "bad_rm.yaml"
+    scenario_file.write_text(f"""\
+name: bad_rm
+agents:
+  - name: solver
+tasks:
+  inline:
+    - prompt: "1+1="
+      answer: "2"
+judges:
+  - name: rm
+    backend: reward_model
+    model: {real_model_dirs['qwen2']}
+rewards:
+  outcome:
+    - kind: rm
+""")
+    line = one_error_line(run_marl("validate", str(scenario_file)))
+    assert line.startswith(f"{scenario_file}:11:5: judges.0.model:") and "not a reward model" in line
+
+
+@pytest.mark.parametrize("rows, where", [
+    ([GOOD, "{oops\n"], ":2: not valid JSON"),
+    ([GOOD, {**GOOD, "rejected": GOOD["chosen"]}], ":2: 'chosen' equals 'rejected'"),
+])
+def test_a_bad_pairs_file_is_one_line_and_nothing_is_written(tmp_path, real_model_dirs, rows, where):
+    pairs, out = write_pairs(tmp_path / "pairs.jsonl", rows), tmp_path / "rm"
+    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
+                                   "--out", str(out)))
+    assert line.startswith(f"marl: error: {pairs}") and where in line
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+def test_an_existing_reward_model_is_kept_and_a_bad_base_refused(tmp_path, real_model_dirs):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", many_pairs(4))
+    kept = tmp_path / "rm"
+    kept.mkdir()
+    (kept / "weights").write_text("earlier")
+    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
+                                   "--out", str(kept)))
+    assert "exists and is not empty" in line and "--overwrite" in line
+    assert (kept / "weights").read_text() == "earlier"
+    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(tmp_path), "--out",
+                                   str(tmp_path / "new")))
+    assert "--base" in line and "no config.json" in line and not (tmp_path / "new").exists()

@@ -1,0 +1,69 @@
+"""`marl rm train`: a Bradley-Terry reward model from preference pairs (work in trainers/reward/).
+
+    marl rm train --pairs pairs.jsonl --base MODEL_DIR --out runs/rm
+    marl rm train --pairs pairs.jsonl --base MODEL_DIR --out runs/rm --epochs 2 --lora-r 8
+
+PAIRS is JSONL, one {"prompt", "chosen", "rejected"} object per line. A seeded share of the pairs is
+held out (--eval-fraction) and its pairwise accuracy printed after every epoch; metrics go to a W&B
+run inside the output directory (offline unless WANDB_MODE says otherwise; --tracker jsonl or none).
+The directory is written only when training has finished (atomically); use it as a scenario judge
+(`backend: reward_model`, `model: runs/rm`) or probe it with `marl judges report --reward-model runs/rm`.
+A bad line, a pair whose chosen equals rejected, a base that does not load or an --out in the way is
+one line naming the problem and where, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+from trainers.cli.common import quiet_libraries, usage_errors
+
+
+def add_parser(commands) -> None:
+    """Register `marl rm train`."""
+    from marl.options import TRACKERS
+
+    rm = commands.add_parser("rm", help="train reward models on preference pairs")
+    rm.set_defaults(handler=run)
+    sub = rm.add_subparsers(dest="rm_command", required=True)
+    train = sub.add_parser("train", help="train a Bradley-Terry reward model (a scalar head on a causal LM)")
+    train.add_argument("--pairs", required=True, help='JSONL of {"prompt", "chosen", "rejected"} lines')
+    train.add_argument("--base", required=True, metavar="MODEL_DIR", help="a Hugging Face causal LM directory")
+    train.add_argument("--out", required=True, metavar="RM_DIR", help="where the reward model goes")
+    train.add_argument("--epochs", type=int, default=1)
+    train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, linear decay to 0 (default 1e-4)")
+    train.add_argument("--batch-size", type=int, default=8, help="pairs per step (default 8)")
+    train.add_argument("--max-length", type=int, help="tokens per rendered answer; longer pairs are left out "
+                                                      "(default: min(1024, the base model's context))")
+    train.add_argument("--eval-fraction", type=float, default=0.1, help="share of pairs held out (default 0.1)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (merged on save); "
+                                                             "0: the whole model (default)")
+    train.add_argument("--center-coefficient", type=float, default=0.0,
+                       help="weight of the reward-centring term (TRL's center_rewards_coefficient; default 0)")
+    train.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    train.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
+    train.add_argument("--tracker", choices=TRACKERS, default="wandb", help="wandb (offline by default), jsonl, none")
+    train.add_argument("--project", default="marl", help="W&B project")
+    train.add_argument("--overwrite", action="store_true", help="replace a non-empty --out when training finishes")
+
+
+def run(args) -> int:
+    """Train and print where the reward model went and its held-out accuracy."""
+    from judges.model.reward_model import RewardModelError
+    from trainers.reward.bradley_terry import RewardTrainConfig, train_reward_model
+    from trainers.reward.pairs import PairsError
+
+    quiet_libraries()
+    config = RewardTrainConfig(pairs=args.pairs, base=args.base, out=args.out, epochs=args.epochs, lr=args.lr,
+                               batch_size=args.batch_size, max_length=args.max_length,
+                               eval_fraction=args.eval_fraction, seed=args.seed, lora_r=args.lora_r,
+                               center_coefficient=args.center_coefficient, threads=args.threads,
+                               log_every=args.log_every, tracker=args.tracker, project=args.project,
+                               overwrite=args.overwrite)
+    with usage_errors(PairsError, RewardModelError, OSError):
+        summary = train_reward_model(config)
+    held = summary.get("held_out") or {}
+    before = summary.get("held_out_before") or {}
+    figures = (f"held-out accuracy {before.get('accuracy', float('nan')):.3f} -> {held['accuracy']:.3f} on "
+               f"{held['pairs']} pairs" if held else "no held-out pairs")
+    print(f"wrote {args.out}: {figures}; {summary['seconds_per_epoch']:.1f} s/epoch")
+    return 0
