@@ -1,7 +1,7 @@
 """marl's Bradley-Terry reward-model training against TRL's RewardTrainer, on the same pairs and base.
 
-Run from a checkout: `python bench/reward_model.py` (2000 pairs, 1 epoch, seeds 0 and 1), or `--quick`
-(200 pairs, one seed, for tests/integration/test_benchmarks.py).
+Run from a checkout: `python bench/reward_model.py` (2000 pairs, 3 epochs, seeds 0, 1 and 2), or `--quick`
+(200 pairs, one epoch, one seed, for tests/integration/test_benchmarks.py).
 
 Data: preference pairs a reward model has to read the prompt to get right. Each prompt asks about an
 entity ("Tell me about Lisbon."); the chosen answer is about that entity, the rejected one is the same
@@ -115,13 +115,13 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 pairs, one seed (the test suite's mode)")
     parser.add_argument("--pairs", type=int, default=2000)
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.pairs, args.seeds = 200, "0"
+        args.pairs, args.seeds, args.epochs = 200, "0", 1
     args.seed_list = [int(s) for s in args.seeds.split(",")]
     return args
 
