@@ -8,6 +8,8 @@ held-out set). Rooms:
     policy/   models: the tiny default, sampling with a KV cache, actors (who speaks for an agent), serve
     team/     the multi-agent trainer (its StepResult), team metrics and the held-out evaluation
     stages/   warm-up (and the stage plan), reflection, safety
+    reward/   reward models: preference pairs, Bradley-Terry training (`marl rm train`)
+    ray/      the Ray backend: cluster connection, rollout workers, the player driving them, judge gates
     runs/     run directories, checkpoints, their layout and manifests, atomic writes, tracking (the only
               wandb import), report, progress
     cli/      the `marl` command: main registers the commands, one module per command

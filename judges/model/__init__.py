@@ -9,6 +9,7 @@
     simulated.py       a simulated judge shaped like openai.AsyncOpenAI, for tests and benches
     cache.py           a content-addressed on-disk cache of responses
     factory.py         a judge from a scenario's `judges:` entry, optionally calibrated
+    reward_model.py    a trained reward model (marl rm train) as a scorer and a pairwise judge
 
 May import: judges' top, judges.stats (calibration, Dawid-Skene) inside functions.
 """
