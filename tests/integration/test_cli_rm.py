@@ -151,3 +151,37 @@ def test_an_existing_reward_model_is_kept_and_a_bad_base_refused(tmp_path, real_
     line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(tmp_path), "--out",
                                    str(tmp_path / "new")))
     assert "--base" in line and "no config.json" in line and not (tmp_path / "new").exists()
+
+
+def test_a_calibrator_fitted_for_the_reward_model_binds_to_it_in_a_scenario(trained, tmp_path):
+    import math
+
+    from judges.model.factory import build_judge
+    from judges.types import Candidate, Item
+
+    out, _ = trained
+    items = tmp_path / "gold.jsonl"
+    items.write_text("".join(json.dumps({"id": str(i), "prompt": f"Task: {i}+1=", "gold": i % 2,
+                                         "candidates": [f"ANSWER: {i + 1}.", f"ANSWER: {i + 1}. It is checked."]
+                                         if i % 2 else [f"ANSWER: {i + 1}. It is checked.", f"ANSWER: {i + 1}."]})
+                                 + "\n" for i in range(12)))
+    result = run_marl("judges", "calibrate", "--reward-model", str(out), "--items", str(items), "--out",
+                      str(tmp_path / "cal.json"), "--cache", str(tmp_path / "cache.sqlite"))
+    assert result.returncode == 0 and "on 12 gold pairs" in result.stdout, result.stderr
+    judge = build_judge({"name": "rm", "backend": "reward_model", "model": str(out), "calibration": "cal.json"},
+                        base_dir=tmp_path)
+    raw = build_judge({"name": "rm", "backend": "reward_model", "model": str(out)})
+    candidate = [Candidate("ANSWER: 9. It is checked.")]
+    calibrated, plain = judge.score(Item(prompt="Task: 8+1="), candidate)[0], raw.score(Item(prompt="Task: 8+1="), candidate)[0]
+    assert calibrated.details["raw_score"] == pytest.approx(plain.score)
+    assert calibrated.ok and not math.isclose(calibrated.score, plain.score)
+    other = tmp_path / "other_rm"  # a calibrator is bound to the weights it was fitted for
+    import shutil
+
+    shutil.copytree(out, other)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(other / "model.safetensors")
+    save_file({k: v + 0.01 if k.startswith("score") else v for k, v in weights.items()}, other / "model.safetensors")
+    with pytest.raises(ValueError, match="refuses to calibrate judge 'reward_model"):
+        build_judge({"name": "rm", "backend": "reward_model", "model": str(other), "calibration": str(tmp_path / "cal.json")})
