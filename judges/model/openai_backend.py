@@ -61,11 +61,12 @@ from judges.model.backend import run_sync  # noqa: E402,F401 - re-exported; one 
 
 # -- rate limiting -----------------------------------------------------------------------------------------
 # Where requests to one endpoint are limited: None, each backend limits itself (its semaphore and
-# bucket); else a function (identity, requests_per_second, max_concurrency) -> a gate with async
-# `acquire()` and `release()`, shared by every backend of that endpoint. The Ray backend sets it in
-# the driver and in every worker, so the limits hold across the cluster, not per process
-# (trainers/ray/gates.py).
+# bucket); else a function (identity, requests_per_second, max_concurrency, hold_s) -> a gate with async
+# `acquire() -> lease` and `release(lease)`, shared by every backend of that endpoint, which takes back a
+# lease not returned within hold_s seconds (its holder died). The Ray backend sets it in the driver and in
+# every worker, so the limits hold across the cluster, not per process (trainers/ray/gates.py).
 _GATE_PROVIDER = None
+GATE_HOLD_MARGIN_S = 30.0  # a lease outlives the request timeout by this much before it counts as lost
 
 
 def share_endpoint_limits(provider) -> None:
@@ -420,7 +421,9 @@ class OpenAIBackend:
     def _shared_gate(self):
         """The gate this endpoint's requests share with other processes (None: the limits are local)."""
         if self._gate is None and _GATE_PROVIDER is not None:
-            self._gate = _GATE_PROVIDER(self.identity, self.requests_per_second, self.max_concurrency)
+            # a slot is held for one attempt, which the timeout bounds: a lease older than that is a lost one
+            self._gate = _GATE_PROVIDER(self.identity, self.requests_per_second, self.max_concurrency,
+                                        self.timeout_s + GATE_HOLD_MARGIN_S)
         return self._gate
 
     async def _attempt(self, request: ChatRequest) -> Any:
@@ -428,13 +431,13 @@ class OpenAIBackend:
         token from the shared gate when one is set: `share_endpoint_limits`)."""
         gate = self._shared_gate()
         if gate is not None:
-            await gate.acquire()
+            lease = await gate.acquire()
             try:
                 self.stats["calls"] += 1
                 create = self._client_for_running_loop().chat.completions.create(**self._request_arguments(request))
                 return await asyncio.wait_for(create, timeout=self.timeout_s)
             finally:
-                await gate.release()
+                await gate.release(lease)
         async with self._slots():
             if self.bucket is not None:
                 await self.bucket.acquire()

@@ -15,35 +15,65 @@ import hashlib
 
 
 class EndpointGate:
-    """The shared limits of one endpoint (made a Ray actor by `install`)."""
+    """The shared limits of one endpoint (made a Ray actor by `install`).
 
-    def __init__(self, requests_per_second: float | None, max_concurrency: int):
+    A slot is a lease: `acquire` returns its id and `release(id)` gives it back. A lease not given back
+    within `hold_s` seconds (longer than one request can take: the backend's timeout plus a margin) is
+    taken back, so a worker killed while it held slots, or while its requests were queued here, cannot
+    leave the endpoint with fewer slots for the rest of the run.
+    """
+
+    def __init__(self, requests_per_second: float | None, max_concurrency: int, hold_s: float = 120.0):
         from judges.model.openai_backend import TokenBucket
 
         self.bucket = TokenBucket(requests_per_second) if requests_per_second else None
-        self.max_concurrency = max_concurrency
-        self.slots: asyncio.Semaphore | None = None  # made on the actor's own event loop
-        self.granted, self.in_flight, self.max_in_flight = 0, 0, 0
+        self.max_concurrency, self.hold_s = max_concurrency, hold_s
+        self.leases: dict[int, float] = {}  # lease id -> the time it is taken back
+        self.changed: asyncio.Condition | None = None  # made on the actor's own event loop
+        self.granted, self.max_in_flight, self.reclaimed, self._next = 0, 0, 0, 0
 
-    async def acquire(self) -> None:
-        """Wait for a free slot, then for a rate token."""
-        if self.slots is None:
-            self.slots = asyncio.Semaphore(self.max_concurrency)
-        await self.slots.acquire()
+    def _reclaim(self, now: float) -> None:
+        for lease in [lease for lease, until in self.leases.items() if until <= now]:
+            del self.leases[lease]
+            self.reclaimed += 1
+
+    async def acquire(self) -> int:
+        """Wait for a free slot, then for a rate token; the lease id to give back."""
+        import time
+
+        if self.changed is None:
+            self.changed = asyncio.Condition()
+        async with self.changed:
+            while True:
+                now = time.monotonic()
+                self._reclaim(now)
+                if len(self.leases) < self.max_concurrency:
+                    break
+                wait = min(self.leases.values()) - now  # the oldest lease is reclaimed then at the latest
+                try:
+                    await asyncio.wait_for(self.changed.wait(), timeout=max(wait, 0.01))
+                except asyncio.TimeoutError:
+                    pass
+            self._next += 1
+            lease = self._next
+            self.leases[lease] = now + self.hold_s
+            self.max_in_flight = max(self.max_in_flight, len(self.leases))
         if self.bucket is not None:
             await self.bucket.acquire()
         self.granted += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return lease
 
-    async def release(self) -> None:
-        """Give a slot back."""
-        self.in_flight -= 1
-        self.slots.release()
+    async def release(self, lease: int) -> None:
+        """Give a slot back (a lease already reclaimed is ignored)."""
+        if self.changed is None:
+            self.changed = asyncio.Condition()
+        async with self.changed:
+            self.leases.pop(lease, None)
+            self.changed.notify()
 
     async def stats(self) -> dict:
-        """Requests granted so far, and the most ever in flight at once."""
-        return {"granted": self.granted, "max_in_flight": self.max_in_flight}
+        """Requests granted so far, the most ever in flight at once, and leases taken back unreturned."""
+        return {"granted": self.granted, "max_in_flight": self.max_in_flight, "reclaimed": self.reclaimed}
 
 
 class GateHandle:
@@ -52,11 +82,11 @@ class GateHandle:
     def __init__(self, actor):
         self.actor = actor
 
-    async def acquire(self) -> None:
-        await asyncio.wrap_future(self.actor.acquire.remote().future())
+    async def acquire(self) -> int:
+        return await asyncio.wrap_future(self.actor.acquire.remote().future())
 
-    async def release(self) -> None:
-        await asyncio.wrap_future(self.actor.release.remote().future())
+    async def release(self, lease: int) -> None:
+        await asyncio.wrap_future(self.actor.release.remote(lease).future())
 
 
 def gate_name(identity: str) -> str:
@@ -70,9 +100,9 @@ def install(ray) -> None:
 
     remote = ray.remote(EndpointGate)
 
-    def provider(identity: str, requests_per_second, max_concurrency: int) -> GateHandle:
+    def provider(identity: str, requests_per_second, max_concurrency: int, hold_s: float) -> GateHandle:
         actor = remote.options(name=gate_name(identity), get_if_exists=True, max_concurrency=100_000,
-                               num_cpus=0).remote(requests_per_second, max_concurrency)
+                               num_cpus=0).remote(requests_per_second, max_concurrency, hold_s)
         return GateHandle(actor)
 
     share_endpoint_limits(provider)

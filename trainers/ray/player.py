@@ -15,9 +15,13 @@ the current weights), and every episode records the version it was sampled at.
 Model judges and endpoint policies share one concurrency cap and rate limit per endpoint across the
 driver and the workers (trainers/ray/gates.py).
 
-A worker that dies (RayActorError) is replaced by a new one holding the current actors, and its jobs
-are played again with the same keys, at most `max_retries` times per play; then a RayBackendError
-names the worker, its PID and what was being played.
+A worker that is lost (its process, its node or its objects: `lost_worker_errors`) is replaced by a
+new one holding the current actors, and its jobs are played again with the same keys, at most
+`max_retries` times per play; then a RayBackendError names the worker, its PID and what was being
+played. At max_staleness 0 a replay changes nothing; at k > 0 the new worker holds the current
+weights and its episodes record that version. A worker that cannot be scheduled within
+START_TIMEOUT_S (a busy cluster, or no node large enough) and an error raised inside a worker's task
+are one RayBackendError line each, never a hang or a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ import time
 
 from marl.rollout import EpisodeBatch, EpisodePlayer
 from trainers.ray.cluster import RayBackendError, check_resources, connect
+
+START_TIMEOUT_S = 300.0  # a new worker not scheduled and set up by then cannot be (the cluster has no room)
+
+
+def lost_worker_errors(ray) -> tuple[type[BaseException], ...]:
+    """The Ray errors that mean a worker (or what it held) is gone, not that its code failed: the actor
+    or its process died, its node died or ran out of memory, or an object it returned was lost."""
+    names = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ObjectLostError")
+    return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
 
 
 class StaleSampleError(RayBackendError):
@@ -101,14 +114,24 @@ class RayPlayer:
 
         from trainers.ray.worker import RolloutWorker
 
+        # a worker given no GPU sees none (Ray leaves CUDA_VISIBLE_DEVICES alone when 0 GPUs are asked for)
+        gpu = {} if self.settings.num_gpus else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}
         remote = self.ray.remote(RolloutWorker).options(num_cpus=self.settings.num_cpus,
                                                          num_gpus=self.settings.num_gpus,
-                                                         max_restarts=0, name=None)
+                                                         max_restarts=0, name=None, **gpu)
         worker = remote.remote(self.threads)
-        problem = self.ray.get(worker.setup.remote(cloudpickle.dumps(self.scenario), self.seats,
-                                                   self.local.max_tokens))
+        try:
+            problem = self.ray.get(worker.setup.remote(cloudpickle.dumps(self.scenario), self.seats,
+                                                       self.local.max_tokens), timeout=START_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError:
+            self.ray.kill(worker)
+            raise RayBackendError(f"rollout worker {index} was not started within {START_TIMEOUT_S:.0f} s: the "
+                                  f"cluster has no room for num_cpus={self.settings.num_cpus}, num_gpus="
+                                  f"{self.settings.num_gpus} (busy, or no single node that large); lower "
+                                  "train.ray.num_cpus / num_gpus or rollout_workers, or add nodes") from None
         if problem is None and self._shipped:
-            problem = self.ray.get(worker.sync.remote(self._full_payload(), self.shipped_version))
+            # the current weights: a replacement's episodes are sampled at, and record, the learner's version
+            problem = self.ray.get(worker.sync.remote(self._full_payload(), self.version))
         if problem is not None:
             self.ray.kill(worker)
             raise RayBackendError(f"rollout worker {index} cannot load the scenario's code: {problem}; every module "
@@ -125,7 +148,7 @@ class RayPlayer:
             w, future = next(iter(pending.items()))
             try:
                 batch, problem_or_version = self.ray.get(future)
-            except self.ray.exceptions.RayActorError as error:
+            except lost_worker_errors(self.ray) as error:
                 self._replace_worker(w, error, "replaying its episodes")
                 pending[w] = self.workers[w].play.remote([jobs[i] for i in parts[w]], greedy)
                 continue
@@ -144,8 +167,15 @@ class RayPlayer:
                                   f"after train.ray.max_retries={self.settings.max_retries}") from None
         self.log(f"ray: rollout worker {w} (pid {self.pids[w]}) died during {self.context}; {what} on a new worker")
         self.timing["retries"] += 1
-        self.workers[w] = self._start_worker(w)
-        self.pids[w] = self.ray.get(self.workers[w].pid.remote())
+        try:
+            self.ray.kill(self.workers[w])  # one that is only unreachable would otherwise keep its resources
+        except Exception:  # noqa: BLE001 - already gone, which is the usual case
+            pass
+        try:
+            self.workers[w] = self._start_worker(w)
+            self.pids[w] = self.ray.get(self.workers[w].pid.remote())
+        except lost_worker_errors(self.ray) as again:  # the replacement died while starting: one more death
+            self._replace_worker(w, again, what)
 
     def _sync_workers(self, reference) -> None:
         """Every worker applies the payload; a dead one is replaced (it starts with the current actors)."""
@@ -153,7 +183,7 @@ class RayPlayer:
         for index, future in enumerate(futures):
             try:
                 problem = self.ray.get(future)
-            except self.ray.exceptions.RayActorError as error:
+            except lost_worker_errors(self.ray) as error:
                 self._replace_worker(index, error, "starting again")  # it holds what was shipped before...
                 problem = self.ray.get(self.workers[index].sync.remote(reference, self.shipped_version))  # ...and this
             if problem is not None:
@@ -204,8 +234,8 @@ class RayPlayer:
                                   "params": params, "dropped": dropped})
 
     def _full_payload(self) -> bytes:
-        """Every actor as the workers hold it (for a new worker): the current weights."""
-        return self._payload([name for name in self._shipped], {}, [])
+        """Every actor the workers hold that still exists (for a new worker), with the current weights."""
+        return self._payload([name for name in self._shipped if name in self.actors], {}, [])
 
 
 def _parameter_versions(actor) -> dict | None:

@@ -21,6 +21,8 @@ class RolloutWorker:
         import torch
 
         torch.set_num_threads(max(1, threads))
+        # the device Ray gave this worker: a GPU when it asked for one (CUDA_VISIBLE_DEVICES is set to it)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.scenario, self.player, self.version = None, None, -1
         self.actors: dict = {}
         self.seats: dict = {}
@@ -55,19 +57,18 @@ class RolloutWorker:
 
         try:
             update = cloudpickle.loads(payload)
-        except Exception as error:
+            for name, actor in update["actors"].items():
+                self.actors[name] = _opened(name, actor, self.device)
+            with torch.no_grad():
+                for name, params in update["params"].items():
+                    own = dict(self.actors[name].model.named_parameters())
+                    for key, value in params.items():
+                        own[key].copy_(value)
+        except Exception as error:  # a module only the driver has, weights on a device this node lacks...
             return _one_line(error)
-        for name, actor in update["actors"].items():
-            self.actors[name] = _opened(name, actor)
-        with torch.no_grad():
-            for name, params in update["params"].items():
-                own = dict(self.actors[name].model.named_parameters())
-                for key, value in params.items():
-                    own[key].copy_(value)
         for name in update.get("dropped", ()):
             self.actors.pop(name, None)
-        self.version = version
-        self.player = None  # rebuilt with the current actors on the next play
+        self.version = version  # the player reads self.actors, updated in place: it (and its judges) stays
         return None
 
     def play(self, jobs: list, greedy: bool):
@@ -85,14 +86,15 @@ class RolloutWorker:
         return batch, self.version
 
 
-def _opened(name: str, actor):
-    """An actor of the payload as the worker uses it: a model actor is rebuilt around its model."""
+def _opened(name: str, actor, device: str = "cpu"):
+    """An actor of the payload as the worker uses it: a model actor is rebuilt around its model, on the
+    worker's device (models travel on the CPU)."""
     kind = actor[0]
     if kind == "model":
         from trainers.policy.actors import ModelActor
 
         _, model, tokenizer, options = actor
-        return ModelActor(name, model, tokenizer, **options)
+        return ModelActor(name, model.to(device), tokenizer, **options)
     return actor[1]
 
 
