@@ -80,10 +80,13 @@ def reseat(seats: dict[str, str], played_by: dict[str, str] | None) -> dict[str,
 
 
 def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_dir: str | None, *, seed: int = 0,
-                        credit: bool = True, retries: int = 1, played_by: dict[str, str] | None = None) -> dict:
+                        credit: bool = True, retries: int = 1, played_by: dict[str, str] | None = None,
+                        budgets: list[int] = ()) -> dict:
     """The held-out metrics of the checkpoint's team (the base model's for None), with the checkpoint named.
 
-    `played_by` (agent -> other agent) reseats the team first (`reseat`: the role-swap test).
+    `played_by` (agent -> other agent) reseats the team first (`reseat`: the role-swap test). With
+    `budgets`, the result also holds `budget_curve`: the same team at each per-turn token budget
+    (trainers/team/budgets.py).
     Raises RunError, CheckpointError, FileNotFoundError or ValueError for a model that cannot be built.
     """
     import torch
@@ -98,5 +101,10 @@ def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_di
     default = scenario.resolve(credit_spec.default_policy) if credit_spec.default_policy else None
     player = EpisodePlayer(scenario, actors, seats, default_policy=default)
     result = evaluate_scenario(player, tasks, seed=seed, credit=credit, retries=retries)
-    return {**result, "checkpoint": str(checkpoint) if checkpoint is not None else "base model",
-            "played_by": dict(played_by or {})}
+    named = {"checkpoint": str(checkpoint) if checkpoint is not None else "base model",
+             "played_by": dict(played_by or {})}
+    if budgets:
+        from trainers.team.budgets import budget_curve
+
+        named["budget_curve"] = {**budget_curve(player, tasks, budgets, seed=seed), **named}
+    return {**result, **named}

@@ -10,7 +10,8 @@
 5. measure again (`after.json`), write summary.json and report.md with plots.
 
 `--resume` continues from the newest complete checkpoint of the run directory, with no step lost or
-repeated.
+repeated. `--init-from RUN` starts from a finished run's policies instead (continual RL:
+trainers/continual.py), and the earlier scenario's held-out set is measured before and after too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RunOptions:
     resume: bool = False
     tracker: str | None = None  # default: the scenario's train.tracking.tracker
     cache_dir: str | None = None
+    init_from: str | None = None  # a finished run to start from (continual RL, trainers/continual.py)
 
 
 class RunError(RuntimeError):
@@ -53,6 +55,14 @@ def prepare(options: RunOptions, log=print):
     from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
+    earlier = None
+    if options.init_from is not None:  # the earlier run is checked before any model is built: one line, exit 2
+        from trainers.continual import open_earlier_run, without_warmup
+
+        earlier = open_earlier_run(options.init_from, scenario)
+        scenario = without_warmup(scenario, log)
+    elif scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
+        log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
     train_tasks, eval_tasks = scenario.split()
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
@@ -61,16 +71,46 @@ def prepare(options: RunOptions, log=print):
 
         connect(train.ray, log=log)
         check_resources(train.ray)
-    base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
-    if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
-        check_context(scenario, directory_context(base))
-    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
-                                 device=device, dtype=dtype)  # loaded straight onto train.device in train.dtype
+    if earlier is not None:  # the earlier run's policies, tokenizer and adapters
+        actors, seats = _earlier_team(earlier, scenario, options, device, dtype, log)
+    else:
+        base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
+        if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
+            check_context(scenario, directory_context(base))
+        actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
+                                     seed=train.seed, device=device, dtype=dtype)  # onto train.device in train.dtype
     place_actors(actors, device, dtype, train.attention)  # anything not loaded there; the attention kernels
     config = grpo_config(scenario)
+    if earlier is not None:  # the KL is to the earlier policy: the reference is the start weights
+        import dataclasses
+
+        from trainers.continual import continual_beta
+
+        config = dataclasses.replace(config, beta=continual_beta(scenario))
     selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
     trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)
+    if earlier is not None:
+        from trainers.continual import attach
+
+        attach(earlier, trainer, log)
     return scenario, train_tasks, eval_tasks, trainer
+
+
+def _earlier_team(earlier, scenario, options: RunOptions, device, dtype, log):
+    """(actors, seats) playing an earlier run's policies (trainers/continual.py), each model's context checked
+    as the base's is."""
+    from trainers.continual import earlier_actors
+    from trainers.policy.prompts import directory_context
+
+    def base() -> Path:  # LoRA adapters go on this run's base model: the same train.model as the earlier run's
+        path = base_model_dir(scenario, options.cache_dir, log)
+        check_context(scenario, directory_context(path))
+        return path
+
+    for directory in earlier.models.values():  # a full model: its own context
+        if (directory / "config.json").is_file():
+            check_context(scenario, directory_context(directory))
+    return earlier_actors(earlier, scenario, base, device=device, dtype=dtype)
 
 
 def grpo_config(scenario):
@@ -163,6 +203,12 @@ def run_scenario(options: RunOptions, log=print) -> dict:
 
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
+    if options.resume and options.init_from is None and options.out:  # a continual run resumes from its record
+        from dataclasses import replace
+
+        from trainers.continual import recorded_init_from
+
+        options = replace(options, init_from=recorded_init_from(Path(options.out)))
     try:
         scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
     except BaseException:  # a run that fails to start leaves no Ray cluster behind
@@ -193,8 +239,11 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
     from trainers.runs.report import truncate_metrics, truncate_tables
     from trainers.runs.rundir import open_run_directory
+    from trainers.team.budgets import log_budget_curve
     from trainers.team.evaluation import evaluate_team
     from trainers.stages.warmup import sft_warmup_stage, stage_plan
+
+    from trainers import continual
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
@@ -214,6 +263,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         write_text_atomically(out / "before.json", json.dumps(before))
     if before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
+    kept = continual.start(out, trainer, log)  # --init-from: the old held-out set before (None otherwise)
     if resumed is None and "warmup" in train.stages:
         report = sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)
         if report["sft_steps"]:
@@ -226,12 +276,18 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents) if eval_tasks else {}
         write_text_atomically(out / "after.json", json.dumps(after))
+        kept = continual.finish(out, trainer, kept, log)  # and after: the forgetting
+        budget_section = log_budget_curve(trainer, eval_tasks, tracker, out, log)  # train.budget_curve; [] by default
         summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
+        if kept is not None:
+            summary["continual"] = continual.summary_figures(kept, before, after)
+            budget_section += "\n" + continual.report_section(kept, spec.name, before, after, len(eval_tasks))
         tracker.summary(summary)
         tracker.log_artifact(checkpoint, name=f"{spec.name}-checkpoint", type="model",
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
+    continual.record_scenario(out, options.scenario, options.overrides, spec)  # what a later --init-from loads
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
-    report = _write_report(out, spec, before, after, trainer)
+    report = _write_report(out, spec, before, after, trainer, budget_section)
     if after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
             f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f})")
@@ -244,7 +300,8 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     Ctrl-C writes a checkpoint."""
     from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
     from trainers.runs.progress import ProgressPrinter
-    from trainers.stages.warmup import run_stage_step, stage_at
+    from trainers.continual import old_evaluation_due, run_step
+    from trainers.stages.warmup import stage_at
 
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
@@ -253,8 +310,9 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
         while trainer.step_count < total:
             stage, within = stage_at(plan, trainer.step_count)
-            metrics = run_stage_step(trainer, stage, within, train_tasks, log)
+            metrics = run_step(trainer, stage, within, train_tasks, log)  # a continual run's replay steps too
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
+            metrics.update(old_evaluation_due(trainer, metrics, log))  # and its old held-out set
             if len(signals) < WEAK_START_STEPS:  # judged at step 5 exactly (a shorter run is not judged)
                 signals.append(metrics.get("train/signal_groups", math.nan))
                 if len(signals) == WEAK_START_STEPS:
@@ -371,7 +429,7 @@ def _summary(trainer, before, after, seconds: float, plan) -> dict:
             "masked_episodes": trainer.totals["masked_episodes"]}
 
 
-def _write_report(out: Path, spec, before, after, trainer) -> Path:
+def _write_report(out: Path, spec, before, after, trainer, budget_section: str = "") -> Path:
     from trainers.runs.report import write_report
 
     per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
@@ -383,4 +441,4 @@ def _write_report(out: Path, spec, before, after, trainer) -> Path:
               f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
               "judgment failed.\n")
     return write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after),
-                        extra=judges)
+                        extra=judges + (f"\n{budget_section}" if budget_section else ""))

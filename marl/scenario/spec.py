@@ -404,6 +404,15 @@ class LoraSpec(Strict):
                                   "(every linear layer but the output head, as peft defines it)")
 
 
+class ContinualSpec(Strict):
+    """Continual RL (`marl run SCENARIO --init-from RUN`): how much of the earlier run to keep."""
+
+    replay: float = Field(0.0, ge=0, le=1, description="share of the main stage's steps played on tasks replayed "
+                                                        "from the earlier run's scenario (its training tasks; 0: none)")
+    kl: float = Field(0.0, ge=0, description="coefficient of the k3 KL to the earlier run's policy (the run's GRPO "
+                                             "beta, its reference being that policy; 0: no KL term)")
+
+
 class RaySpec(Strict):
     """The Ray backend (`train.backend: ray`): where the cluster is and how rollout work is spread on it."""
 
@@ -434,6 +443,9 @@ class TrainSpec(TrainKnobs):
     eval_every: int | None = Field(None, ge=1, description="steps between held-out evaluations at temperature 0 "
                                                           "during the run, logged as eval/* (none: before and "
                                                           "after only)")
+    budget_curve: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list, description="per-turn token budgets at which the final policy is evaluated on the "
+        "held-out set, as `marl eval --budgets` (the thinking-budget curve, eval/budget/<N>/*; empty: off)")
     max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
                                        "episodes over the last 5 steps had masked rewards (1 never stops)")
     truncation_warn_fraction: float = Field(0.5, ge=0, le=1, description="warn (once) when more than this share "
@@ -449,6 +461,15 @@ class TrainSpec(TrainKnobs):
     backend: Literal["local", "ray"] = Field("local", description="local: one process; ray: episodes and "
                                             "replays played by Ray rollout workers (train.ray), the update here")
     ray: RaySpec = Field(default_factory=RaySpec)
+    continual: ContinualSpec = Field(default_factory=ContinualSpec, description="with --init-from: replay "
+                                     "share and KL to the earlier run's policy (ignored without it)")
+
+    @field_validator("budget_curve")
+    @classmethod
+    def _budgets_once(cls, value: list[int]) -> list[int]:
+        if len(set(value)) < len(value):
+            raise ValueError(f"each budget at most once, got {value} (e.g. [8, 16, 32])")
+        return sorted(value)
 
     def grpo_knobs(self) -> dict[str, Any]:
         """The GRPO knobs this section sets, by name (everything of GRPOKnobs but DERIVED_KNOBS)."""

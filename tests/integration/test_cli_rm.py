@@ -185,3 +185,39 @@ def test_a_calibrator_fitted_for_the_reward_model_binds_to_it_in_a_scenario(trai
     save_file({k: v + 0.01 if k.startswith("score") else v for k, v in weights.items()}, other / "model.safetensors")
     with pytest.raises(ValueError, match="refuses to calibrate judge 'reward_model"):
         build_judge({"name": "rm", "backend": "reward_model", "model": str(other), "calibration": str(tmp_path / "cal.json")})
+
+
+@pytest.mark.slow  # a short marl run: a few seconds of RL
+def test_marl_run_trains_against_the_reward_model(trained, real_model_dirs, tmp_path):
+    """The classic pipeline's last stage: RL whose reward is the trained reward model's score."""
+    from trainers.run import RunOptions, run_scenario
+
+    out, _ = trained
+    scenario_file = tmp_path / "rm_rl.yaml"
+    tasks = "".join(f'    - {{prompt: "Task: {i}+1=", answer: "{i + 1}"}}\n' for i in range(12))
+    scenario_file.write_text(f"""\
+name: rm_rl
+agents:
+  - {{name: solver, observation: "{{prompt}}", max_tokens: 6}}
+tasks:
+  eval_count: 4
+  inline:
+{tasks}judges:
+  - {{name: rm, backend: reward_model, model: {out}}}
+rewards:
+  weights: {{outcome: 1.0, process: 0.0, format: 0.0}}
+  outcome:
+    - kind: rm
+train:
+  model: {real_model_dirs['qwen2']}
+  stages: [main]
+  steps: 2
+  prompts_per_step: 2
+  group_size: 2
+""")
+    summary = run_scenario(RunOptions(str(scenario_file), [], out=str(tmp_path / "run"), tracker="none"),
+                           log=lambda line: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [row["train/reward"] for row in rows if "train/reward" in row]
+    assert len(rewards) == 2 and all(0 < value < 1 for value in rewards)  # sigmoid scores, never masked
+    assert summary["masked_episodes"] == 0

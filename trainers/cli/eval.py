@@ -4,6 +4,7 @@
     marl eval relay --checkpoint runs/relay          the run's newest checkpoint (checkpoints/latest)
     marl eval relay --checkpoint runs/relay/checkpoints/step-000200
     marl eval relay --checkpoint runs/own --seat left=final --seat final=left   the role-swap test
+    marl eval relay --budgets 2,4,8,16               also the thinking-budget curve (budget_curve.json, .md, .png)
 
 The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name;
 model agents the checkpoint has no directory for play the base model. `--seat AGENT=OTHER` has AGENT's
@@ -37,6 +38,10 @@ def add_parser(commands) -> None:
                           help="AGENT's seat is played by OTHER's policy (repeatable; e.g. --seat left=final "
                                "--seat final=left is the role-swap test)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (task i gets seed + i)")
+    evaluate.add_argument("--budgets", metavar="N,N,...",
+                          help="per-turn token budgets, e.g. 8,16,32: the held-out set is also played at each "
+                               "(temperature 0) and the thinking-budget curve written as budget_curve.json, "
+                               ".md and .png beside eval.json")
     evaluate.set_defaults(handler=run)
 
 
@@ -46,6 +51,10 @@ def run(args) -> int:
     from trainers.evaluate import evaluate_checkpoint
     from trainers.runs.layout import resolve_checkpoint, run_dir_of
 
+    from trainers.team.budgets import parse_budgets
+
+    with usage_errors(ValueError):  # checked first: a malformed list writes nothing and loads nothing
+        budgets = parse_budgets(args.budgets) if args.budgets is not None else []
     quiet_libraries()
     with usage_errors(FileNotFoundError):  # a scenario's own problems are printed by main, one line each
         scenario = load_scenario(args.scenario, args.set)
@@ -56,12 +65,27 @@ def run(args) -> int:
     with usage_errors(*training_errors()):
         checkpoint = resolve_checkpoint(args.checkpoint)
         result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
-                                     credit=not args.no_credit, retries=args.retries, played_by=played_by)
+                                     credit=not args.no_credit, retries=args.retries, played_by=played_by,
+                                     budgets=budgets)
+    curve = result.pop("budget_curve", None)
     out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
     json_path, md_path = _write(result, out)
     print(eval_table(result))
     print(f"wrote {json_path} and {md_path}")
+    if curve is not None:
+        _write_curve(curve, out)
     return 0
+
+
+def _write_curve(curve: dict, out: Path) -> None:
+    from trainers.team.budgets import budget_table, write_budget_curve
+
+    try:
+        paths = write_budget_curve(curve, out)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot write the budget curve ({error.strerror or error})") from None
+    print(budget_table(curve))
+    print("wrote " + ", ".join(str(path) for path in paths))
 
 
 def parse_seats(values: list[str], agents) -> dict[str, str]:

@@ -39,6 +39,11 @@ def add_parser(commands) -> None:
     run_parser.add_argument("--out", help="run directory (default runs/<scenario name>-<date>-<time>)")
     run_parser.add_argument("--resume", action="store_true",
                             help="continue the run in --out from its last checkpoint (same scenario and --set)")
+    run_parser.add_argument("--init-from", metavar="RUN_DIR",
+                            help="continual RL: start from a finished run's policies (its tokenizer and adapters "
+                                 "too), with train.continual.replay (a share of steps replaying its scenario's "
+                                 "tasks) and train.continual.kl (a KL to its policy); both held-out sets are "
+                                 "measured before and after")
     run_parser.add_argument("--tracker", choices=TRACKERS,
                             help="default: the scenario's train.tracking.tracker (wandb, offline unless "
                                  "WANDB_API_KEY is set); metrics.jsonl is always written")
@@ -55,7 +60,7 @@ def run(args) -> int:
     quiet_libraries()
     overrides = args.set + ([f"train.backend={args.backend}"] if args.backend else [])
     options = RunOptions(scenario=args.scenario, overrides=overrides, out=args.out, resume=args.resume,
-                         tracker=args.tracker, cache_dir=args.cache_dir)
+                         tracker=args.tracker, cache_dir=args.cache_dir, init_from=args.init_from)
     with usage_errors(*training_errors()):
         run_scenario(options)
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 STATE_FILE = "run.json"
 # everything a run writes into its directory (a run that stopped before its first checkpoint leaves some)
 RUN_FILES = ("metrics.jsonl", "tables", "before.json", "warmup.json", "after.json", "summary.json", "report.md",
-             "plots", "checkpoints", "wandb", STATE_FILE)
+             "plots", "checkpoints", "wandb", "scenario.json", "continual.json", STATE_FILE)
 
 
 class RunDirectoryError(RuntimeError):

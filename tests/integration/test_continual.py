@@ -1,0 +1,141 @@
+"""Continual RL (`marl run SCENARIO --init-from RUN`): the earlier policy restored exactly, the KL to it 0 at
+the first step, replay steps played on the earlier scenario, both held-out sets reported, bad input refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.cli import one_error_line, run_marl
+from trainers.cli.main import main
+
+SMALL = ["train.prompts_per_step=2", "train.group_size=4", "tasks.count=60", "tasks.eval_count=8",
+         "train.warmup.rl_steps=0", "train.checkpoint_every=1", "train.steps=2"]
+NEW = ["tasks.seed=1"]  # the new tasks: relay's family, other numbers (the bench uses a second family)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def _finished_run(out: Path, *extra: str) -> Path:
+    from trainers.run import RunOptions, run_scenario
+
+    run_scenario(RunOptions("relay", SMALL + list(extra), out=str(out), tracker="none"), log=_quiet)
+    return out
+
+
+@pytest.fixture(scope="module")
+def earlier(tmp_path_factory, demo_model_dir) -> Path:
+    """A finished two-step relay run (full fine-tuning of the shared tiny model)."""
+    return _finished_run(tmp_path_factory.mktemp("continual") / "earlier")
+
+
+def _checkpoint(run: Path) -> Path:
+    return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+
+
+def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+
+
+def _continual(earlier: Path, *extra: str):
+    from trainers.run import RunOptions, prepare
+
+    return prepare(RunOptions("relay", SMALL + NEW + list(extra), init_from=str(earlier)), log=_quiet)[-1]
+
+
+def test_init_from_restores_the_earlier_policy_exactly_and_the_kl_to_it_is_0_at_the_first_step(
+        earlier, demo_model_dir):
+    from trainers.policy.tinylm import load_policy
+
+    trainer = _continual(earlier, "train.continual.kl=0.1")
+    saved, tokenizer = load_policy(_checkpoint(earlier) / "model")
+    base, _ = load_policy(demo_model_dir)
+    ids = torch.tensor([tokenizer.encode("12+35=47"), tokenizer.encode("(20+31)+(44+18)=")[:8]])
+    restored = _logprobs(trainer.actors["shared"].model, ids)
+    assert torch.equal(restored, _logprobs(saved, ids))  # the same logprobs, bit for bit
+    assert not torch.equal(restored, _logprobs(base, ids))  # and not those of the model the earlier run started from
+    assert trainer.config.beta == 0.1 and "warmup" not in trainer.spec.train.stages
+    assert trainer.step()["train/kl"] == 0.0  # the reference is the earlier policy itself
+
+
+def test_a_replay_step_plays_the_earlier_scenarios_tasks_there(earlier):
+    from marl.scenario.load import load_scenario
+
+    trainer = _continual(earlier, "train.continual.replay=0.5")
+    continual = trainer.continual
+    assert [continual.replay_due(step) for step in range(4)] == [False, True, False, True]
+    old_prompts = {task.prompt for task in load_scenario("relay", SMALL).split()[0]}
+    new_prompts = {task.prompt for task in trainer.tasks.values()}
+    metrics = continual.replay_step(trainer)
+    played = {episode.job.task.prompt for episode in trainer.last_step.episodes}
+    assert metrics["continual/replay"] == 1.0 and played <= old_prompts and not played & new_prompts
+    assert trainer.spec.name == "relay" and trainer.tasks  # the new scenario is back for the next step
+    trainer.step()
+    assert {episode.job.task.prompt for episode in trainer.last_step.episodes} <= new_prompts
+
+
+def test_lora_adapters_are_restored_and_the_reference_is_the_earlier_adapter(tmp_path, demo_model_dir):
+    from trainers.policy.adapters import load_adapter_dir
+
+    run = _finished_run(tmp_path / "lora", "train.lora.r=4", "train.lr=1e-3")
+    trainer = _continual(run, "train.lora.r=4", "train.lr=1e-3", "train.continual.kl=0.05")
+    saved, tokenizer = load_adapter_dir(_checkpoint(run) / "model")
+    ids = torch.tensor([tokenizer.encode("12+35=47")])
+    policy, learner = trainer.actors["shared"].model, trainer.learners["shared"]
+    assert torch.equal(_logprobs(policy, ids), _logprobs(saved, ids))
+    assert torch.equal(_logprobs(learner.reference, ids), _logprobs(saved, ids))  # not the bare base
+    assert trainer.step()["train/kl"] == 0.0
+
+
+def test_a_continual_run_reports_both_held_out_sets_before_and_after(earlier, tmp_path):
+    out = tmp_path / "next"
+    args = [f"--set={item}" for item in SMALL + NEW + ["train.continual.replay=0.5", "train.continual.kl=0.1"]]
+    assert main(["run", "relay", *args, "--init-from", str(earlier), "--out", str(out), "--tracker", "none"]) == 0
+    state = json.loads((out / "continual.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["continual"]
+    earlier_after = json.loads((earlier / "after.json").read_text())["team_success"]
+    assert state["old_before"]["team_success"] == earlier_after  # the earlier policy, measured the same way
+    assert summary["old"]["forgetting"] == summary["old"]["before"] - summary["old"]["after"]
+    assert summary["eval/new/team_success"] == json.loads((out / "after.json").read_text())["team_success"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["continual/replay"] for row in rows] == [0.0, 1.0]
+    report = (out / "report.md").read_text()
+    assert "## Continual RL" in report and "| old: relay | 8 |" in report and "| new: relay | 8 |" in report
+
+
+def _refused(tmp_path: Path, init_from, *extra: str, capsys) -> str:
+    out = tmp_path / "refused"
+    args = [f"--set={item}" for item in SMALL + NEW + list(extra)]
+    assert main(["run", "relay", *args, "--init-from", str(init_from), "--out", str(out), "--tracker", "none"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("marl: error: ") and "Traceback" not in error[0]
+    assert not out.exists()  # nothing written
+    return error[0]
+
+
+def test_a_directory_without_a_finished_run_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    assert "no such directory" in _refused(tmp_path, tmp_path / "missing", capsys=capsys)
+    stopped = tmp_path / "stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    line = _refused(tmp_path, stopped, capsys=capsys)
+    assert f"--init-from {stopped}" in line and "holds no finished run" in line
+
+
+def test_an_incompatible_model_or_team_is_refused(earlier, demo_model_dir, tmp_path, capsys):
+    line = _refused(tmp_path, earlier, "train.lora.r=4", capsys=capsys)
+    assert f"--init-from {earlier}" in line and "full models" in line and "LoRA" in line
+    line = _refused(tmp_path, earlier, f"train.model={demo_model_dir}", capsys=capsys)
+    assert "incompatible model" in line and "train.model=tiny" in line
+    line = _refused(tmp_path, earlier, "agents.0.policy=own", capsys=capsys)
+    assert "team" in line and "left=own" in line
+
+
+def test_the_command_line_error_is_one_line_with_status_2(tmp_path):
+    result = run_marl("run", "relay", "--init-from", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert "holds no finished run" in one_error_line(result) and not (tmp_path / "out").exists()

@@ -1,0 +1,375 @@
+"""Continual RL: `marl run SCENARIO --init-from RUN` starts from a finished run's policies.
+
+The new run's trainable policies are the earlier run's final ones (full models with their tokenizer,
+or LoRA adapters on the same base), restored exactly: the first step's logprobs are the earlier
+policy's. `train.continual` keeps some of the earlier run:
+
+- `kl`: the run's GRPO beta; the KL reference is the earlier policy itself (the start weights, frozen;
+  with LoRA a frozen copy of the earlier adapter on the one base), so the KL is 0 at the first step;
+- `replay`: that share of the main stage's steps is played on tasks drawn from the earlier run's
+  scenario (its training tasks, its rewards and credit), in place of the new scenario's.
+
+The warm-up stage is skipped: the policy starts trained, and a warm-up would move the reference.
+Both held-out sets are measured before and after, so the report shows what was learnt on the new
+tasks and what was forgotten on the old ones (forgetting = old before - old after).
+
+    OUT/scenario.json   every run, as it ends: how to load its scenario again (the file and the
+                        --set values), its train.model (by content) and whether it trained adapters
+    OUT/continual.json  a continual run: the earlier run and the old held-out figures before and after
+
+The earlier run must be finished (summary.json and an intact checkpoint), recorded (scenario.json),
+trained from the same train.model, with adapters exactly when this run has them, and played by the
+same team (agent names, policies and mode); anything else is one ContinualError line naming the
+problem and the directory, raised before any model is built or anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SCENARIO_FILE = "scenario.json"
+CONTINUAL_FILE = "continual.json"
+
+
+class ContinualError(ValueError):
+    """`--init-from` cannot be used as asked (the message names the problem and the directory)."""
+
+
+def record_scenario(out: Path, source: str, overrides: list[str], spec) -> None:
+    """Write OUT/scenario.json: what a later `--init-from OUT` needs to load this run's scenario again."""
+    from marl.scenario.load import find_scenario
+    from trainers.runs.atomic import write_text_atomically
+    from trainers.team.trainer import _model_identity
+
+    record = {"source": str(find_scenario(source).resolve()), "overrides": list(overrides), "name": spec.name,
+              "model": _model_identity(spec.train.model), "lora": spec.train.lora is not None}
+    write_text_atomically(Path(out) / SCENARIO_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def recorded_init_from(out: Path) -> str | None:
+    """The earlier run a continual run in `out` started from (its continual.json), else None."""
+    path = Path(out) / CONTINUAL_FILE
+    return json.loads(path.read_text())["init_from"] if path.is_file() else None
+
+
+@dataclass
+class EarlierRun:
+    """A finished run to start from: its directory, final checkpoint, scenario and model directories."""
+
+    run: Path
+    checkpoint: Path
+    scenario: object  # marl.scenario.load.Scenario
+    models: dict[str, Path]  # actor -> model or adapter directory of the checkpoint
+    record: dict = field(default_factory=dict)
+
+    def where(self) -> str:
+        return f"--init-from {self.run}"
+
+
+def open_earlier_run(path: str, scenario) -> EarlierRun:
+    """The finished run in `path`, checked against this run's `scenario` (module docstring); ContinualError
+    (one line) otherwise. Reads files only: no model is built, nothing is written."""
+    from trainers.runs.checkpoint import latest_checkpoint
+    from trainers.runs.layout import checkpoint_models
+
+    run = Path(path)
+    if not run.is_dir():
+        raise ContinualError(f"--init-from {path}: no such directory (pass the directory of a finished marl run)")
+    if not (run / "summary.json").is_file() or not (run / "checkpoints").is_dir():
+        raise ContinualError(f"--init-from {path}: holds no finished run (no summary.json and checkpoints/, which "
+                             "`marl run` writes when it ends); pass the --out directory of a run that finished")
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise ContinualError(f"--init-from {path}: the run has no intact checkpoint (checkpoints/ holds none that "
+                             "passes its manifest); pass a finished run whose checkpoint is intact")
+    record = _read_record(run)
+    earlier = EarlierRun(run, checkpoint, _earlier_scenario(run, record), checkpoint_models(checkpoint), record)
+    _check_model(earlier, scenario)
+    _check_team(earlier, scenario)
+    _check_policies(earlier, scenario)
+    continual_beta(scenario)  # both KL settings at once: one line now, not after the models are built
+    if scenario.spec.train.continual.replay and scenario.spec.train.backend == "ray":
+        raise ContinualError(f"{earlier.where()}: train.continual.replay is played in this process, not on the Ray "
+                             "backend; set train.continual.replay=0 or train.backend=local")
+    return earlier
+
+
+def _read_record(run: Path) -> dict:
+    path = run / SCENARIO_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(record, dict) and {"source", "overrides", "model", "lora"} <= set(record)
+    except FileNotFoundError:
+        raise ContinualError(f"--init-from {run}: the run does not record its scenario ({SCENARIO_FILE}, written by "
+                             "marl run since continual RL); run it again with this marl") from None
+    except (OSError, ValueError, AssertionError) as error:
+        raise ContinualError(f"--init-from {run}: {path} is unreadable ({error.__class__.__name__}); restore it "
+                             "or pass another run") from None
+    return record
+
+
+def _earlier_scenario(run: Path, record: dict):
+    """The earlier run's scenario, loaded again from its file and --set values."""
+    from marl.scenario.load import load_scenario
+    from marl.scenario.problems import ScenarioError
+
+    try:
+        return load_scenario(record["source"], record["overrides"])
+    except (ScenarioError, FileNotFoundError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [error.__class__.__name__])[0]
+        raise ContinualError(f"--init-from {run}: its scenario {record['source']} no longer loads ({first})") from None
+
+
+def _check_model(earlier: EarlierRun, scenario) -> None:
+    """The earlier policies fit this run: the same train.model (by content), adapters exactly when this run
+    trains adapters."""
+    from trainers.team.trainer import _model_identity
+
+    train, record = scenario.spec.train, earlier.record
+    model = _model_identity(train.model)
+    if model != record["model"]:
+        raise ContinualError(f"{earlier.where()}: its policies were trained from train.model={record['model']}, this "
+                             f"run's train.model is {model} (an incompatible model); set train.model to the earlier "
+                             "run's, or start a new run without --init-from")
+    if record["lora"] != (train.lora is not None):
+        have = "LoRA adapters" if record["lora"] else "full models"
+        want = "LoRA adapters (train.lora is set)" if train.lora is not None else "full models (no train.lora)"
+        raise ContinualError(f"{earlier.where()}: the run trained {have}, this run trains {want}; "
+                             f"{'set' if record['lora'] else 'remove'} train.lora to match it")
+
+
+def _check_policies(earlier: EarlierRun, scenario) -> None:
+    """A directory in the earlier checkpoint for every trainable model actor of this run."""
+    missing = sorted(set(trainable_actor_keys(scenario)) - set(earlier.models))
+    if missing:
+        held = ", ".join(d.name + "/" for d in earlier.models.values()) or "no model directory"
+        raise ContinualError(f"{earlier.where()}: its checkpoint {earlier.checkpoint.name} has no policy for "
+                             f"{', '.join(missing)} (it holds {held}); give the agents the policies of the earlier run")
+
+
+def _check_team(earlier: EarlierRun, scenario) -> None:
+    """Continual RL keeps the team and changes the tasks: the same agents, policies and mode."""
+    def team(spec):
+        return f"{spec.mode}: " + ", ".join(f"{a.name}={a.policy}" for a in spec.agents)
+
+    if team(earlier.scenario.spec) != team(scenario.spec):
+        raise ContinualError(f"{earlier.where()}: its team ({team(earlier.scenario.spec)}) is not this run's "
+                             f"({team(scenario.spec)}); continual RL keeps the team and changes the tasks")
+
+
+def trainable_actor_keys(scenario) -> list[str]:
+    """The actors of a scenario that train a model ('shared', or an agent's name), in agent order."""
+    from trainers.policy.actors import SCRIPTED, actor_key
+
+    keys = []
+    for agent in scenario.spec.agents:
+        scripted = agent.policy in SCRIPTED or ":" in agent.policy
+        if agent.trainable and not scripted and actor_key(agent) not in keys:
+            keys.append(actor_key(agent))
+    return keys
+
+
+def without_warmup(scenario, log=print):
+    """The scenario with `warmup` left out of train.stages (said in one line when it was there)."""
+    train = scenario.spec.train
+    if "warmup" not in train.stages:
+        return scenario
+    log("--init-from: the warm-up stage is skipped (the policy starts trained, and the KL reference is the "
+        "earlier policy)")
+    stages = [stage for stage in train.stages if stage != "warmup"]
+    spec = scenario.spec.model_copy(update={"train": train.model_copy(update={"stages": stages})})
+    return replace(scenario, spec=spec)
+
+
+def continual_beta(scenario) -> float:
+    """The run's GRPO beta with --init-from: train.continual.kl, else train.beta (both are a KL to the one
+    reference, the earlier policy); ContinualError when both are set to different values."""
+    train = scenario.spec.train
+    kl = train.continual.kl
+    if kl and train.beta and kl != train.beta:
+        raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
+                             "policy (with --init-from it is the one reference); set only train.continual.kl")
+    return kl or train.beta
+
+
+def earlier_actors(earlier: EarlierRun, scenario, base_model, *, device, dtype):
+    """(actors, seats) of `scenario` playing the earlier run's policies. Adapters go on this run's base model
+    (`base_model()`, the same train.model; checked by fingerprint); full models replace it, tokenizer
+    included. ContinualError when an adapter does not fit the base."""
+    from trainers.policy.actors import build_actors
+    from trainers.policy.adapters import AdapterBaseError, is_adapter_dir
+    from trainers.policy.tinylm import load_policy
+
+    train, keys = scenario.spec.train, trainable_actor_keys(scenario)
+    adapters = {key: earlier.models[key] for key in keys if is_adapter_dir(earlier.models[key])}
+    base = base_model() if adapters else earlier.models["shared" if "shared" in keys else keys[0]]
+    try:
+        actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
+                                     seed=train.seed, adapters=adapters, device=device, dtype=dtype)
+    except AdapterBaseError as error:
+        raise ContinualError(f"{earlier.where()}: {error}") from None
+    for key in keys:
+        if key not in adapters and earlier.models[key] != base:
+            actors[key].model, actors[key].tokenizer = load_policy(earlier.models[key], device=device, dtype=dtype)
+    return actors, seats
+
+
+def _eval_tasks(scenario) -> list:
+    _, held_out = scenario.split()
+    limit = scenario.spec.train.eval_tasks
+    return held_out[:limit] if limit else held_out
+
+
+class Continual:
+    """What a continual run keeps of the earlier one: the replay of its tasks and its held-out set."""
+
+    def __init__(self, earlier: EarlierRun, trainer):
+        from marl.rollout import EpisodePlayer
+
+        self.earlier, self.settings = earlier, trainer.spec.train.continual
+        old = earlier.scenario
+        # the earlier scenario's play (env, rewards, credit), under this run's train section
+        self.spec = old.spec.model_copy(update={"train": trainer.spec.train})
+        self.scenario = replace(old, spec=self.spec)
+        self.player = EpisodePlayer(self.scenario, trainer.actors, trainer.seats)
+        self.train_tasks, self.eval_tasks = old.split()[0], _eval_tasks(old)
+
+    def replay_due(self, within: int) -> bool:
+        """Whether main-stage step `within` (0-based) replays: every 1/replay steps, exactly the share."""
+        share = self.settings.replay
+        return bool(self.train_tasks) and math.floor((within + 1) * share) > math.floor(within * share)
+
+    def replay_step(self, trainer) -> dict:
+        """One GRPO step on tasks drawn from the earlier scenario (seeded by the step), played there."""
+        rng = random.Random(trainer.config.seed * 1_000_003 + trainer.step_count)
+        tasks = rng.sample(self.train_tasks, min(trainer.config.prompts_per_step, len(self.train_tasks)))
+        saved = trainer.scenario, trainer.spec, trainer.player, trainer.tasks
+        # the step plays, scores and credits with the earlier scenario; its tasks stay out of the sampler
+        trainer.scenario, trainer.spec, trainer.player, trainer.tasks = self.scenario, self.spec, self.player, {}
+        try:
+            metrics = trainer.step(tasks=tasks)
+        finally:
+            trainer.scenario, trainer.spec, trainer.player, trainer.tasks = saved
+        return {**metrics, "continual/replay": 1.0}
+
+    def evaluate_old(self) -> dict:
+        """The held-out figures on the earlier scenario's held-out set (temperature 0), {} when it has none."""
+        from trainers.team.evaluation import evaluate_team
+
+        return evaluate_team(self.player, self.eval_tasks) if self.eval_tasks else {}
+
+    def state(self, old_before: dict, old_after: dict | None = None) -> dict:
+        """What continual.json holds."""
+        return {"init_from": str(self.earlier.run.resolve()), "checkpoint": str(self.earlier.checkpoint.resolve()),
+                "earlier_scenario": self.earlier.scenario.spec.name, "replay": self.settings.replay,
+                "kl": self.settings.kl, "old_tasks": len(self.eval_tasks), "old_before": old_before,
+                "old_after": old_after}
+
+
+def attach(earlier: EarlierRun, trainer, log=print) -> Continual:
+    """Make `trainer` a continual run of `earlier`: with LoRA the KL reference becomes a frozen copy of the
+    earlier adapter (a full model's reference already is a frozen copy of its start weights, the earlier
+    ones); `trainer.continual` plays the replay steps and the old held-out set."""
+    from trainers.grpo.learner import frozen_copy
+    from trainers.policy.adapters import AdapterPolicy, opponent_model
+
+    for name, learner in trainer.learners.items():
+        model = trainer.actors[name].model
+        if learner.reference is not None and isinstance(model, AdapterPolicy):
+            learner.reference = opponent_model(model, f"earlier_{name}", frozen_copy)
+    trainer.continual = Continual(earlier, trainer)
+    settings = trainer.continual.settings
+    log(f"--init-from {earlier.run}: starting from {earlier.checkpoint.name} of {earlier.scenario.spec.name!r}; "
+        f"replay {settings.replay:g} of the main steps, KL {trainer.config.beta:g} to the earlier policy")
+    return trainer.continual
+
+
+def report_section(state: dict, new_name: str, before: dict | None, after: dict | None, new_tasks: int) -> str:
+    """The report's markdown: both held-out sets before and after, and the forgetting."""
+    def row(label, tasks, first, last, note):
+        b, a = (first or {}).get("team_success", math.nan), (last or {}).get("team_success", math.nan)
+        return f"| {label} | {tasks} | {b:.3f} | {a:.3f} | {a - b:+.3f}{note} |"
+
+    old_b, old_a = state.get("old_before"), state.get("old_after")
+    forgetting = (old_b or {}).get("team_success", math.nan) - (old_a or {}).get("team_success", math.nan)
+    return "\n".join([
+        "## Continual RL", "",
+        f"Started from `{state['init_from']}` ({Path(state['checkpoint']).name}, scenario "
+        f"{state['earlier_scenario']}); replay {state['replay']:g} of the main steps from its training tasks, "
+        f"KL {state['kl']:g} to its policy. Held-out team success at temperature 0:", "",
+        "| held-out set | tasks | before | after | change |", "|---|---|---|---|---|",
+        row(f"old: {state['earlier_scenario']}", state["old_tasks"], old_b, old_a, f" (forgetting {forgetting:.3f})"),
+        row(f"new: {new_name}", new_tasks, before, after, ""), ""])
+
+
+def summary_figures(state: dict, before: dict | None, after: dict | None) -> dict:
+    """summary.json's `continual` entry: both sets before and after, the forgetting, the flat eval/* keys."""
+    success = lambda figures: (figures or {}).get("team_success", math.nan)  # noqa: E731
+    old_b, old_a, new_b, new_a = success(state["old_before"]), success(state["old_after"]), success(before), \
+        success(after)
+    return {**{k: state[k] for k in ("init_from", "earlier_scenario", "replay", "kl")},
+            "old": {"before": old_b, "after": old_a, "forgetting": old_b - old_a},
+            "new": {"before": new_b, "after": new_a, "gain": new_a - new_b},
+            "eval/old/team_success": old_a, "eval/new/team_success": new_a}
+
+
+# -- the run's side (trainers/run.py) --------------------------------------------------------------------
+
+
+def run_step(trainer, stage: str, within: int, train_tasks: list, log=print) -> dict:
+    """One step of `stage`: a replay step when one is due (the main stage of a continual run), else the
+    stage's own (trainers.stages.warmup.run_stage_step)."""
+    from trainers.stages.warmup import run_stage_step
+
+    continual = getattr(trainer, "continual", None)
+    if continual is None:
+        return run_stage_step(trainer, stage, within, train_tasks, log)
+    if stage == "main" and continual.replay_due(within):
+        return {**continual.replay_step(trainer), "train/stage": 1.0, "train/stage_name": "main"}
+    return {**run_stage_step(trainer, stage, within, train_tasks, log), "continual/replay": 0.0}
+
+
+def old_evaluation_due(trainer, metrics: dict, log=print) -> dict:
+    """eval/old/* (the earlier scenario's held-out set) on the steps train.eval_every evaluates, else {}."""
+    continual = getattr(trainer, "continual", None)
+    if continual is None or "eval/step" not in metrics or not continual.eval_tasks:
+        return {}
+    figures = continual.evaluate_old()
+    log(f"held-out at step {trainer.step_count}, old tasks ({continual.earlier.scenario.spec.name}): team success "
+        f"{figures['team_success']:.3f}")
+    return {f"eval/old/{key}": value for key, value in figures.items()}
+
+
+def start(out: Path, trainer, log=print) -> dict | None:
+    """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
+    from trainers.runs.atomic import write_text_atomically
+
+    continual = getattr(trainer, "continual", None)
+    if continual is None:
+        return None
+    path = Path(out) / CONTINUAL_FILE
+    state = json.loads(path.read_text()) if path.is_file() else continual.state(continual.evaluate_old())
+    write_text_atomically(path, json.dumps(state, indent=2) + "\n")
+    if state["old_before"]:
+        log(f"held-out team success before, old tasks ({state['earlier_scenario']}): "
+            f"{state['old_before']['team_success']:.3f} ({state['old_tasks']} tasks, temperature 0)")
+    return state
+
+
+def finish(out: Path, trainer, state: dict | None, log=print) -> dict | None:
+    """continual.json at the run's end: the old held-out set measured again, and the forgetting said."""
+    from trainers.runs.atomic import write_text_atomically
+
+    if state is None:
+        return None
+    state = {**state, "old_after": trainer.continual.evaluate_old()}
+    write_text_atomically(Path(out) / CONTINUAL_FILE, json.dumps(state, indent=2) + "\n")
+    if state["old_after"]:
+        before, after = state["old_before"]["team_success"], state["old_after"]["team_success"]
+        log(f"held-out team success after, old tasks ({state['earlier_scenario']}):  {after:.3f} "
+            f"(forgetting {before - after:+.3f})")
+    return state
