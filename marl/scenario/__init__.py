@@ -5,6 +5,7 @@
     problems.py        Problem, ScenarioError: every problem located as FILE:LINE:COL
     spec.py            the schema: strict, typed, documented models of a scenario file, with GRPOKnobs
                        (every GRPO knob, defined once; trainers.grpo.config builds GRPOConfig from it)
+    sections.py        the Strict base and train's other sub-sections (stages, LoRA, continual, Ray...)
     checks.py          what `marl validate` refuses that `marl run` would fail on; bounded task generation
     yaml_positions.py  YAML loading that remembers where every key and value stands
     graph.py           the turn and visibility graph (networkx)

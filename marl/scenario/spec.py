@@ -8,7 +8,9 @@ what is wrong (how to fix it)` by `marl.scenario.load.load_scenario`.
 Sections whose meaning later modules give (`credit`, `judges`, `train`) are validated for shape here
 so that a typo fails at load time, not an hour into a run. `GRPOKnobs` is the one definition of every
 GRPO knob: the `train` section holds each under its own name (but `DERIVED_KNOBS`), and
-`trainers.grpo.config.GRPOConfig` is built from it. Option lists come from `marl.options`.
+`trainers.grpo.config.GRPOConfig` is built from it; its other sub-sections (tracking, self-play, stages,
+LoRA, continual, Ray) and the `Strict` base live in `marl.scenario.sections`. Option lists come from
+`marl.options`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
-                          DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES,
-                          TRACKERS)
+                          DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
+
+from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
+                                    ReflectionSpec, SafetySpec, SelfPlaySpec, Strict, TrackingSpec, WarmupSpec)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
 MAX_TASKS = 1_000_000  # tasks asked of a generator
-
-
-class Strict(BaseModel):
-    """Base of every section: unknown keys are rejected and specs are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .inf/.nan are never settings
 
 
 class AgentSpec(Strict):
@@ -225,87 +223,6 @@ class JudgeSpec(Strict):
     timeout_s: float = Field(60.0, gt=0)
 
 
-class TrackingSpec(Strict):
-    """Experiment tracking."""
-
-    tracker: Literal[TRACKERS] = "wandb"
-    project: str = "marl"
-
-
-class SelfPlaySpec(Strict):
-    """Self-play of competitive scenarios: the learner against its past snapshots."""
-
-    enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
-    pool_size: int = Field(8, ge=1, description="past snapshots kept in the opponent pool")
-    snapshot_every: int = Field(10, ge=1, description="steps between snapshots added to the pool")
-    strategy: Literal["latest", "uniform", "prioritised"] = "prioritised"
-    self_play_fraction: float = Field(0.5, ge=0, le=1, description="share of steps the learner plays itself "
-                                                                   "(the rest: a sampled snapshot)")
-    ratings: Literal["elo", "trueskill"] = "elo"
-    fixed_opponents: dict[str, float] = Field(
-        default_factory=dict, description="share of steps the learner plays each of the scenario's fixed "
-                                          "`opponents` (by name); the other steps follow self_play_fraction")
-
-    @field_validator("fixed_opponents")
-    @classmethod
-    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
-        if any(not 0 < share <= 1 for share in value.values()) or sum(value.values()) > 1 + 1e-9:
-            raise ValueError(f"each share must lie in (0, 1] and together at most 1, got {value}")
-        return value
-
-
-WARMUP_DEFAULTS = {"tiny": (1e-3, 300), "pretrained": (1e-5, 50), "pretrained_lora": (1e-4, 50)}
-"""(sft_lr, sft_max_steps) a learner's warm-up SFT uses when the scenario leaves them unset: the embedded
-tiny model learns from scratch at 1e-3; pretrained weights (any train.model directory, or an agent's
-own model directory) are fine-tuned gently, LoRA adapters at a larger lr since only they move."""
-
-
-class WarmupSpec(Strict):
-    """Stage 1: SFT on expert demonstrations until the format is right and each agent succeeds often enough
-    among expert teammates, within a time budget; then a short low-lr RL check."""
-
-    sft_max_steps: int | None = Field(None, ge=0, description="most SFT steps of each learner (0: no SFT; default: "
-                                      "300 for the tiny model, 50 for pretrained weights)")
-    sft_lr: float | None = Field(None, gt=0, description="SFT AdamW lr (default: 1e-3 for the tiny model; for "
-                                 "pretrained weights 1e-5, or 1e-4 with train.lora, which trains the adapters only)")
-    sft_batch_size: int = Field(32, ge=1)
-    format_target: float = Field(0.9, ge=0, le=1, description="a learner whose agents' sampled answers pass the "
-                                 "format layer this often skips SFT; SFT stops once they do")
-    accuracy_target: float = Field(0.2, ge=0, le=1, description="with an expert: SFT also goes on until each of "
-                                   "a learner's agents, sampled among expert teammates (or against the expert), "
-                                   "succeeds this often (0: the format alone decides)")
-    sft_time_budget_s: float = Field(300.0, gt=0, description="most seconds of warm-up SFT per learner")
-    rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
-    rl_lr_scale: float = Field(0.1, gt=0, le=1)
-    samples_shown: int = Field(4, ge=0)
-
-    def resolved(self, *, pretrained: bool = False, lora: bool = False) -> WarmupSpec:
-        """This section with sft_lr and sft_max_steps set: the scenario's values, else WARMUP_DEFAULTS for
-        the tiny model or for pretrained weights (with LoRA: adapters only)."""
-        kind = "tiny" if not pretrained else "pretrained_lora" if lora else "pretrained"
-        lr, steps = WARMUP_DEFAULTS[kind]
-        return self.model_copy(update={"sft_lr": lr if self.sft_lr is None else self.sft_lr,
-                                       "sft_max_steps": steps if self.sft_max_steps is None else self.sft_max_steps})
-
-
-class ReflectionSpec(Strict):
-    """Stage 3: tasks whose reward stayed low are retried with the failure reason in the prompt."""
-
-    steps: int = Field(20, ge=0)
-    threshold: float = Field(0.5, ge=0, le=1, description="tasks whose pass rate is below this are retried")
-    retry_discount: float = Field(0.9, gt=0, le=1, description="a corrected answer earns this x a first-try one")
-
-
-class SafetySpec(Strict):
-    """Stage 4: adversarial tasks with penalties for fabrication and ignored constraints."""
-
-    steps: int = Field(20, ge=0)
-    generator: str | None = Field(None, description="'module:function' of adversarial tasks; default: the "
-                                                    "built-in perturbations of the training tasks")
-    fabrication_penalty: float = Field(0.5, ge=0)
-    constraint_penalty: float = Field(0.5, ge=0)
-
-
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]  # an AdamW beta: a decay rate in [0, 1)
 
 
@@ -391,42 +308,6 @@ TrainKnobs = create_model(
     "TrainKnobs", __base__=Strict, __module__=__name__,
     __doc__="The GRPO knobs of a scenario's `train` section: every GRPOKnobs field but DERIVED_KNOBS.",
     **{name: (info.annotation, info) for name, info in GRPOKnobs.model_fields.items() if name not in DERIVED_KNOBS})
-
-
-class LoraSpec(Strict):
-    """LoRA adapters (peft) instead of full fine-tuning: one frozen base, an adapter per trained policy."""
-
-    r: int = Field(16, ge=1, le=4096, description="adapter rank")
-    alpha: float = Field(32.0, gt=0, description="scaling numerator: the update is scaled by alpha / r")
-    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
-    target_modules: list[str] | str = Field(
-        "all-linear", description="module names (or suffixes) that get adapters, or 'all-linear' "
-                                  "(every linear layer but the output head, as peft defines it)")
-
-
-class ContinualSpec(Strict):
-    """Continual RL (`marl run SCENARIO --init-from RUN`): how much of the earlier run to keep."""
-
-    replay: float = Field(0.0, ge=0, le=1, description="share of the main stage's steps played on tasks replayed "
-                                                        "from the earlier run's scenario (its training tasks; 0: none)")
-    kl: float = Field(0.0, ge=0, description="coefficient of the k3 KL to the earlier run's policy (the run's GRPO "
-                                             "beta, its reference being that policy; 0: no KL term)")
-
-
-class RaySpec(Strict):
-    """The Ray backend (`train.backend: ray`): where the cluster is and how rollout work is spread on it."""
-
-    address: str | None = Field(None, description="absent: start a local cluster; 'auto' (the running one) or "
-                                                  "'ray://HOST:PORT' to connect to an existing cluster")
-    rollout_workers: int = Field(2, ge=1, le=1024, description="Ray actors that play episodes and their replays")
-    num_cpus: float = Field(1.0, ge=0, description="CPUs each rollout worker reserves")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (fractions share one)")
-    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag the learner by: 0 is "
-                                                    "on-policy (a stale sample is an error); k broadcasts weights "
-                                                    "every k+1 versions and logs the off-policy samples")
-    max_retries: int = Field(2, ge=0, le=100, description="times a dead worker's episodes are replayed on a new "
-                                                         "worker before the step fails")
-    object_store_mb: int = Field(512, ge=64, description="object store of a local cluster started by marl (MiB)")
 
 
 class TrainSpec(TrainKnobs):
