@@ -62,13 +62,18 @@ def tokenizer_fingerprint(directory: str | Path) -> str:
     return digest.hexdigest()
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
 def weights_fingerprint(directory: str | Path) -> str:
-    """sha256 over a directory's config and weight files: which trained model it is (judge identity)."""
+    """sha256 over a directory's config and weight files (read in blocks): which trained model it is."""
     digest = hashlib.sha256()
     for path in sorted(Path(directory).iterdir()):
-        if path.name == "config.json" or path.suffix in (".safetensors", ".bin"):
+        if path.name == "config.json" or path.suffix in WEIGHT_SUFFIXES:
             digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
     return digest.hexdigest()
 
 
@@ -90,6 +95,9 @@ def read_metadata(directory: str | Path) -> dict:
         raise RewardModelError(f"{path}: unreadable ({error}); retrain the reward model") from None
     if not isinstance(metadata, dict) or "tokenizer_sha256" not in metadata:
         raise RewardModelError(f"{path}: not a reward model record (no tokenizer_sha256); retrain the reward model")
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir()):
+        raise RewardModelError(f"{directory}: no weight file (*.safetensors or *.bin); the directory is incomplete: "
+                               "copy it again or retrain the reward model")
     return metadata
 
 
@@ -124,7 +132,12 @@ class RewardModel:
         check_tokenizer(self.directory, self.metadata)
         self.tokenizer = AutoTokenizer.from_pretrained(self.directory)
         self.tokenizer.padding_side = "right"
-        model = AutoModelForSequenceClassification.from_pretrained(self.directory, dtype=torch.float32)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(self.directory, dtype=torch.float32)
+        except Exception as error:  # noqa: BLE001 - corrupt or truncated weights raise many kinds
+            message = " ".join(str(error).split())[:200]
+            raise RewardModelError(f"{self.directory}: its weights do not load ({type(error).__name__}: {message}); "
+                                   "copy the directory again or retrain the reward model") from None
         if model.config.num_labels != 1:
             raise RewardModelError(f"{self.directory}: the model has {model.config.num_labels} outputs; a reward "
                                    "model has one (num_labels=1)")
@@ -176,8 +189,8 @@ class RewardModelJudge:
         self.center = float(model.metadata.get("reward_center", 0.0))
         self._cache: OrderedDict[tuple[str, str], float | None] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._identity = (f"reward_model|{model.directory}@{weights_fingerprint(model.directory)[:16]}"
-                          f"|center={self.center:.6g}")
+        # the weights (by content) and the score mapping, not the path: a moved directory keeps its calibrators
+        self._identity = f"reward_model|sha256:{weights_fingerprint(model.directory)[:16]}|center={self.center:.6g}"
 
     @classmethod
     def load(cls, directory: str | Path, *, name: str | None = None, device: str = "cpu") -> "RewardModelJudge":

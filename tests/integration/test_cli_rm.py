@@ -167,7 +167,8 @@ def test_a_calibrator_fitted_for_the_reward_model_binds_to_it_in_a_scenario(trai
                                  + "\n" for i in range(12)))
     result = run_marl("judges", "calibrate", "--reward-model", str(out), "--items", str(items), "--out",
                       str(tmp_path / "cal.json"), "--cache", str(tmp_path / "cache.sqlite"))
-    assert result.returncode == 0 and "on 12 gold pairs" in result.stdout, result.stderr
+    # fitted on the scores the scenario uses: each answer's pointwise score against its gold label
+    assert result.returncode == 0 and "on 24 gold answers, pointwise" in result.stdout, result.stderr
     judge = build_judge({"name": "rm", "backend": "reward_model", "model": str(out), "calibration": "cal.json"},
                         base_dir=tmp_path)
     raw = build_judge({"name": "rm", "backend": "reward_model", "model": str(out)})
@@ -175,6 +176,7 @@ def test_a_calibrator_fitted_for_the_reward_model_binds_to_it_in_a_scenario(trai
     calibrated, plain = judge.score(Item(prompt="Task: 8+1="), candidate)[0], raw.score(Item(prompt="Task: 8+1="), candidate)[0]
     assert calibrated.details["raw_score"] == pytest.approx(plain.score)
     assert calibrated.ok and not math.isclose(calibrated.score, plain.score)
+    assert calibrated.score > plain.score  # the longer answer is gold's better one every time: sharpened towards 1
     other = tmp_path / "other_rm"  # a calibrator is bound to the weights it was fitted for
     import shutil
 
@@ -221,3 +223,24 @@ train:
     rewards = [row["train/reward"] for row in rows if "train/reward" in row]
     assert len(rewards) == 2 and all(0 < value < 1 for value in rewards)  # sigmoid scores, never masked
     assert summary["masked_episodes"] == 0
+
+
+@pytest.mark.parametrize("damage", ["tokenizer", "weights"])
+def test_judges_commands_refuse_a_damaged_reward_model_in_one_line(trained, tmp_path, damage):
+    import shutil
+
+    damaged = tmp_path / "rm"
+    shutil.copytree(trained[0], damaged)
+    if damage == "tokenizer":
+        from trainers.policy.tokenizer import build_bpe_tokenizer
+
+        build_bpe_tokenizer(["another corpus", "other merges"], 300).save_pretrained(damaged)
+    else:
+        (damaged / "model.safetensors").unlink()
+    out = tmp_path / "reports" / "report.json"
+    for command in ("report", "calibrate"):
+        line = one_error_line(run_marl("judges", command, "--reward-model", str(damaged), "--items",
+                                       "examples/judge_items.jsonl", "--out", str(out)))
+        assert line.startswith(f"marl: error: --reward-model {damaged}: ")
+        assert ("differ from the tokenizer" if damage == "tokenizer" else "no weight file") in line
+    assert not out.parent.exists()  # nothing created

@@ -202,6 +202,7 @@ def report_command(args) -> int:
     from judges.stats.bias_report import report_markdown, run_bias_report, strict_report
 
     try:
+        _check_reward_model(args)
         check_options(args)
         items = read_items(args.items, args.gold)
         judge = build_judge(args, items)
@@ -237,6 +238,7 @@ def calibrate_command(args) -> int:
     from judges.stats.inference import expected_calibration_error
     from judges.types import Candidate, Item
 
+    _check_reward_model(args)
     check_options(args)  # a UsageError is one line from main, exit 2, before any call
     items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
     if len(items) < 10:
@@ -244,9 +246,12 @@ def calibrate_command(args) -> int:
                          f"got {len(items)}")
     judge = build_judge(args, items)
     _preflight(judge, items[0])
-    pairs = run_sync(_compare_items(judge, items, Item, Candidate))
-    rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
-            for i, p in zip(items, pairs) if p.p_a is not None]
+    if args.reward_model:  # its scenario scores are pointwise: fit on those, each answer against its gold label
+        rows = _pointwise_rows(judge, items, Item, Candidate)
+    else:
+        pairs = run_sync(_compare_items(judge, items, Item, Candidate))
+        rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
+                for i, p in zip(items, pairs) if p.p_a is not None]
     if len(rows) < 2 or len({r[1] for r in rows}) < 2:
         print(f"marl: error: only {len(rows)} of {len(items)} gold pairs were judged (the rest failed: see the "
               "endpoint's answers); nothing to fit, nothing written", file=sys.stderr)
@@ -265,10 +270,34 @@ def calibrate_command(args) -> int:
         print(f"marl: error: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
         return 2
     after = calibrator.apply(np.clip(scores, 1e-4, 1 - 1e-4), judge_id=judge.identity)
-    print(f"wrote {args.out}: {args.method} on {len(rows)} gold pairs ({len(items) - len(rows)} failed); "
+    what = f"{len(rows)} gold answers, pointwise" if args.reward_model else f"{len(rows)} gold pairs"
+    failed = 2 * len(items) - len(rows) if args.reward_model else len(items) - len(rows)
+    print(f"wrote {args.out}: {args.method} on {what} ({failed} failed); "
           f"ECE {expected_calibration_error(scores, gold):.3f} raw -> {expected_calibration_error(after, gold):.3f} "
           "(in-sample)")
     return 0
+
+
+def _check_reward_model(args) -> None:
+    """--reward-model's directory, checked before anything is created (UsageError: one line)."""
+    if getattr(args, "reward_model", None):
+        from judges.model.reward_model import reward_model_problem
+
+        if (problem := reward_model_problem(args.reward_model)) is not None:
+            raise UsageError(f"--reward-model {args.reward_model}: {problem}")
+
+
+def _pointwise_rows(judge, items, Item, Candidate) -> list[tuple[float, float]]:
+    """(score, gold) for both answers of every gold item, as the reward model scores them in a scenario:
+    gold 1 for the better answer and 0 for the other (a gold score g of the first: g and 1 - g)."""
+    rows = []
+    for item in items:
+        first, second = judge.score(Item(prompt=item.prompt), [Candidate(item.candidates[0]),
+                                                                Candidate(item.candidates[1])])
+        gold = (float(item.gold), 1.0 - float(item.gold)) if isinstance(item.gold, float) else \
+            (float(item.gold == 0), float(item.gold == 1))
+        rows += [(j.score, g) for j, g in zip((first, second), gold) if j.ok]
+    return rows
 
 
 async def _compare_items(judge, items, Item, Candidate):

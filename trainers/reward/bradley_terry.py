@@ -92,7 +92,12 @@ def load_base(config: RewardTrainConfig):
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     torch.manual_seed(config.seed)  # the new head's initial weights
-    model = AutoModelForSequenceClassification.from_pretrained(config.base, num_labels=1, dtype=torch.float32)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(config.base, num_labels=1, dtype=torch.float32)
+    except Exception as error:  # noqa: BLE001 - missing or corrupt weights, an architecture with no such head...
+        message = " ".join(str(error).split())[:200]
+        raise PairsError(f"--base {config.base}: its weights do not load as a reward model "
+                         f"({type(error).__name__}: {message})") from None
     model.config.pad_token_id = tokenizer.pad_token_id
     if config.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -174,6 +179,9 @@ def train_epoch(model, optimizer, scheduler, encoded, config: RewardTrainConfig,
     for start in range(0, len(order), config.batch_size):
         chosen, rejected = pair_rewards(model, order[start:start + config.batch_size], pad_id)
         loss = bradley_terry_loss(chosen, rejected, config.center_coefficient)
+        if not torch.isfinite(loss):  # diverged: stop now, before anything is written
+            raise PairsError(f"training diverged at step {state['step'] + 1} (loss {float(loss.detach())}); "
+                             f"lower --lr (now {config.lr:g})")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
@@ -212,6 +220,11 @@ def check_config(config: RewardTrainConfig) -> None:
             raise PairsError(f"{flag} {value}: expected {low} or more")
     if not (math.isfinite(config.lr) and config.lr > 0):
         raise PairsError(f"--lr {config.lr}: expected a number > 0, e.g. --lr 1e-4")
+    if not (math.isfinite(config.center_coefficient) and config.center_coefficient >= 0):
+        raise PairsError(f"--center-coefficient {config.center_coefficient}: expected a number >= 0, e.g. 0.01 "
+                         "(a negative one rewards large rewards)")
+    if not 0 <= config.eval_fraction < 1:
+        raise PairsError(f"--eval-fraction {config.eval_fraction}: expected a number in [0, 1), e.g. 0.1")
     if config.max_length is not None and config.max_length < 2:
         raise PairsError(f"--max-length {config.max_length}: expected 2 or more tokens")
     out = Path(config.out)

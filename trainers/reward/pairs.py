@@ -64,7 +64,8 @@ def read_pairs(path: str | Path) -> list[PreferencePair]:
         raise PairsError(f"{path}: no such file; give a JSONL file of {{prompt, chosen, rejected}} lines") from None
     except (OSError, UnicodeDecodeError) as error:
         raise PairsError(f"{path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
-    pairs = [_parse_line(path, number, line) for number, line in enumerate(text.splitlines(), start=1)
+    # split at newlines only: str.splitlines would also break at U+2028 and other separators JSON strings may hold
+    pairs = [_parse_line(path, number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), start=1)
              if line.strip()]
     if not pairs:
         raise PairsError(f"{path}: no pairs (expected one JSON object per line with {', '.join(KEYS)})")

@@ -153,3 +153,37 @@ def test_lora_training_saves_a_plain_reward_model(tmp_path, real_model_dirs):
     short, padded = judge.score(Item(prompt="Task: 2+2="), [Candidate("ANSWER: 4."),
                                                             Candidate("ANSWER: 4. Each step is checked twice.")])
     assert padded.details["reward"] > short.details["reward"]
+
+
+def test_only_newlines_end_a_pair(tmp_path):
+    """A JSON string may hold U+2028 or a form feed (str.splitlines would break the line there)."""
+    rows = [{"prompt": "p\u2028q", "chosen": "a\x0cb", "rejected": "c\u2029"}, {"prompt": "p", "chosen": "x", "rejected": "y"}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\r\n" for row in rows) + "{bad\n", encoding="utf-8")
+    with pytest.raises(PairsError, match=r"pairs.jsonl:3: not valid JSON"):
+        read_pairs(path)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    assert [pair.prompt for pair in read_pairs(path)] == ["p\u2028q", "p"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"center_coefficient": -1.0}, "--center-coefficient -1.0: expected a number >= 0"),
+    ({"center_coefficient": float("nan")}, "--center-coefficient nan"),
+    ({"lr": 1e30}, "training diverged at step"),
+])
+def test_bad_settings_and_divergence_are_one_line_and_write_nothing(tmp_path, real_model_dirs, settings, message):
+    with pytest.raises(PairsError, match=message):
+        train(tmp_path, real_model_dirs["qwen2"], length_pairs(40, seed=3), **{"epochs": 3, **settings})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rm.jsonl"]
+
+
+def test_a_reward_model_whose_weights_are_gone_or_broken_is_one_clear_error(length_rm, tmp_path):
+    from judges.model.reward_model import reward_model_problem
+
+    broken = tmp_path / "broken"
+    shutil.copytree(length_rm[0], broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(RewardModelError, match="its weights do not load"):
+        RewardModelJudge.load(broken)
+    (broken / "model.safetensors").unlink()
+    assert "no weight file" in reward_model_problem(broken)
