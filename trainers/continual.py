@@ -45,9 +45,16 @@ def record_scenario(out: Path, source: str, overrides: list[str], spec) -> None:
     from trainers.runs.atomic import write_text_atomically
     from trainers.team.trainer import _model_identity
 
-    record = {"source": str(find_scenario(source).resolve()), "overrides": list(overrides), "name": spec.name,
+    path = find_scenario(source).resolve()
+    record = {"source": str(path), "source_sha256": _file_sha256(path), "overrides": list(overrides), "name": spec.name,
               "model": _model_identity(spec.train.model), "lora": spec.train.lora is not None}
     write_text_atomically(Path(out) / SCENARIO_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def recorded_init_from(out: Path) -> str | None:
@@ -117,6 +124,11 @@ def _earlier_scenario(run: Path, record: dict):
     from marl.scenario.load import load_scenario
     from marl.scenario.problems import ScenarioError
 
+    recorded = record.get("source_sha256")
+    if recorded is not None and Path(record["source"]).is_file() and _file_sha256(record["source"]) != recorded:
+        raise ContinualError(f"--init-from {run}: its scenario file {record['source']} changed since the run (its "
+                             "tasks and rewards may differ from what it trained on); restore the file, or start from "
+                             "a run of the file as it is now")
     try:
         return load_scenario(record["source"], record["overrides"])
     except (ScenarioError, FileNotFoundError, ValueError) as error:
@@ -161,6 +173,18 @@ def _check_team(earlier: EarlierRun, scenario) -> None:
                              f"({team(scenario.spec)}); continual RL keeps the team and changes the tasks")
 
 
+def _model_played(agent) -> bool:
+    return agent.policy in ("shared", "own")  # endpoint and module:function policies hold no local model
+
+
+def frozen_model_keys(scenario) -> list[str]:
+    """The model actors of a scenario that never train (`trainable: false`): they play the base model."""
+    from trainers.policy.actors import actor_key
+
+    trained = set(trainable_actor_keys(scenario))
+    return [actor_key(a) for a in scenario.spec.agents if _model_played(a) and actor_key(a) not in trained]
+
+
 def trainable_actor_keys(scenario) -> list[str]:
     """The actors of a scenario that train a model ('shared', or an agent's name), in agent order."""
     from trainers.policy.actors import SCRIPTED, actor_key
@@ -197,16 +221,18 @@ def continual_beta(scenario) -> float:
 
 
 def earlier_actors(earlier: EarlierRun, scenario, base_model, *, device, dtype):
-    """(actors, seats) of `scenario` playing the earlier run's policies. Adapters go on this run's base model
-    (`base_model()`, the same train.model; checked by fingerprint); full models replace it, tokenizer
-    included. ContinualError when an adapter does not fit the base."""
+    """(actors, seats) of `scenario` playing the earlier run's policies. Adapters go on the earlier run's base
+    model (`base_model()`, the same train.model; checked by fingerprint), and so do frozen model agents,
+    which played it in the earlier run too; full models replace it, tokenizer included. ContinualError
+    when an adapter does not fit the base."""
     from trainers.policy.actors import build_actors
     from trainers.policy.adapters import AdapterBaseError, is_adapter_dir
     from trainers.policy.tinylm import load_policy
 
     train, keys = scenario.spec.train, trainable_actor_keys(scenario)
     adapters = {key: earlier.models[key] for key in keys if is_adapter_dir(earlier.models[key])}
-    base = base_model() if adapters else earlier.models["shared" if "shared" in keys else keys[0]]
+    needs_base = adapters or frozen_model_keys(scenario)
+    base = base_model() if needs_base else earlier.models["shared" if "shared" in keys else keys[0]]
     try:
         actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
                                      seed=train.seed, adapters=adapters, device=device, dtype=dtype)
@@ -344,6 +370,17 @@ def old_evaluation_due(trainer, metrics: dict, log=print) -> dict:
     return {f"eval/old/{key}": value for key, value in figures.items()}
 
 
+def mark(out: Path, trainer) -> None:
+    """continual.json as soon as the run directory is open (before any evaluation): a run that stops before
+    its first checkpoint still resumes as the continual run it is (`recorded_init_from`)."""
+    from trainers.runs.atomic import write_text_atomically
+
+    continual = getattr(trainer, "continual", None)
+    path = Path(out) / CONTINUAL_FILE
+    if continual is not None and not path.is_file():
+        write_text_atomically(path, json.dumps(continual.state(None), indent=2) + "\n")
+
+
 def start(out: Path, trainer, log=print) -> dict | None:
     """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
     from trainers.runs.atomic import write_text_atomically
@@ -352,7 +389,9 @@ def start(out: Path, trainer, log=print) -> dict | None:
     if continual is None:
         return None
     path = Path(out) / CONTINUAL_FILE
-    state = json.loads(path.read_text()) if path.is_file() else continual.state(continual.evaluate_old())
+    state = json.loads(path.read_text()) if path.is_file() else continual.state(None)
+    if state.get("old_before") is None:  # measured once, before the first step; a resume keeps it
+        state["old_before"] = continual.evaluate_old()
     write_text_atomically(path, json.dumps(state, indent=2) + "\n")
     if state["old_before"]:
         log(f"held-out team success before, old tasks ({state['earlier_scenario']}): "

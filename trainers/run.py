@@ -102,8 +102,8 @@ def _earlier_team(earlier, scenario, options: RunOptions, device, dtype, log):
     from trainers.continual import earlier_actors
     from trainers.policy.prompts import directory_context
 
-    def base() -> Path:  # LoRA adapters go on this run's base model: the same train.model as the earlier run's
-        path = base_model_dir(scenario, options.cache_dir, log)
+    def base() -> Path:  # adapters and frozen agents: the earlier run's base model (the same train.model; the
+        path = base_model_dir(earlier.scenario, options.cache_dir, log)  # tiny one is built per scenario, cached)
         check_context(scenario, directory_context(path))
         return path
 
@@ -247,6 +247,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
+    continual.mark(out, trainer)  # --init-from: recorded before anything can fail, so a resume stays continual
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
         from judges.rules.sandbox import describe
         log(describe())  # which barriers contain the model's code on this machine

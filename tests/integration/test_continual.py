@@ -139,3 +139,50 @@ def test_an_incompatible_model_or_team_is_refused(earlier, demo_model_dir, tmp_p
 def test_the_command_line_error_is_one_line_with_status_2(tmp_path):
     result = run_marl("run", "relay", "--init-from", str(tmp_path), "--out", str(tmp_path / "out"))
     assert "holds no finished run" in one_error_line(result) and not (tmp_path / "out").exists()
+
+
+def test_a_frozen_agent_plays_the_base_model_not_the_earlier_trained_policy(tmp_path, demo_model_dir):
+    from trainers.policy.tinylm import load_policy
+
+    frozen = ["agents.2.policy=own", "agents.2.trainable=false"]
+    run = _finished_run(tmp_path / "frozen", *frozen)
+    trainer = _continual(run, *frozen)
+    base, _ = load_policy(demo_model_dir)
+    saved, _ = load_policy(_checkpoint(run) / "model")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(_logprobs(trainer.actors["final"].model, ids), _logprobs(base, ids))
+    assert torch.equal(_logprobs(trainer.actors["shared"].model, ids), _logprobs(saved, ids))
+    assert not torch.equal(_logprobs(saved, ids), _logprobs(base, ids))
+
+
+def test_a_continual_run_stopped_before_its_first_checkpoint_resumes_as_continual(earlier, tmp_path, monkeypatch):
+    from trainers.continual import Continual
+    from trainers.run import RunOptions, run_scenario
+
+    out, settings = tmp_path / "stopped", SMALL + NEW + ["train.continual.kl=0.1"]
+    real = Continual.evaluate_old
+
+    def dies(self):
+        raise RuntimeError("killed while measuring the old held-out set")
+
+    monkeypatch.setattr(Continual, "evaluate_old", dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_scenario(RunOptions("relay", settings, out=str(out), tracker="none", init_from=str(earlier)), log=_quiet)
+    monkeypatch.setattr(Continual, "evaluate_old", real)
+    summary = run_scenario(RunOptions("relay", settings, out=str(out), tracker="none", resume=True), log=_quiet)
+    assert summary["continual"]["init_from"] == str(earlier.resolve())
+    assert json.loads((out / "continual.json").read_text())["old_before"]["team_success"] >= 0
+
+
+def test_an_earlier_run_whose_scenario_file_changed_is_refused(tmp_path):
+    from helpers.scenario_files import GOOD
+
+    from trainers.continual import ContinualError, _earlier_scenario, _file_sha256
+
+    source = tmp_path / "tiny.yaml"
+    source.write_text(GOOD)
+    record = {"source": str(source), "source_sha256": _file_sha256(source), "overrides": []}
+    assert _earlier_scenario(tmp_path, record).spec.name == "tiny"
+    source.write_text(GOOD.replace('answer: "2"', 'answer: "3"'))
+    with pytest.raises(ContinualError, match="changed since the run"):
+        _earlier_scenario(tmp_path, record)
