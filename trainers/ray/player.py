@@ -17,7 +17,7 @@ driver and the workers (trainers/ray/gates.py).
 
 A worker that is lost (its process, its node or its objects: `lost_worker_errors`) is replaced by a
 new one holding the current actors, and its jobs are played again with the same keys, at most
-`max_retries` times per play; then a RayBackendError names the worker, its PID and what was being
+`max_retries` times per step; then a RayBackendError names the worker, its PID and what was being
 played. At max_staleness 0 a replay changes nothing; at k > 0 the new worker holds the current
 weights and its episodes record that version. A worker that cannot be scheduled within
 START_TIMEOUT_S (a busy cluster, or no node large enough) and an error raised inside a worker's task
@@ -66,6 +66,7 @@ class RayPlayer:
         self._seen: dict = {}  # actor -> {parameter: _version} when the version last moved
         self._shipped: dict = {}  # actor -> {parameter: _version} as the workers hold it
         self.context = "play"  # what is being played (the trainer sets 'step N'), for error lines
+        self._deaths, self._counted = 0, None  # worker deaths in the step (context) being played
         self.timing = {"broadcast": 0.0, "broadcast_bytes": 0.0, "retries": 0.0}
         self.ray = connect(settings, log=log)
         check_resources(settings)
@@ -89,7 +90,8 @@ class RayPlayer:
 
     def play(self, jobs: list, *, greedy: bool = False) -> EpisodeBatch:
         """Play every job on the workers; the same episodes, in the same order, as EpisodePlayer.play."""
-        self._deaths = 0
+        if self.context != self._counted:  # deaths count per step: a step plays its episodes, then its replays
+            self._deaths, self._counted = 0, self.context
         self._broadcast(force=greedy)
         if not jobs:
             return EpisodeBatch(episodes=[])
@@ -160,10 +162,10 @@ class RayPlayer:
 
     def _replace_worker(self, w: int, error: Exception, what: str) -> None:
         """A new worker in place of dead worker `w`; a RayBackendError past max_retries deaths per play."""
-        self._deaths = getattr(self, "_deaths", 0) + 1
+        self._deaths += 1
         if self._deaths > self.settings.max_retries:
             raise RayBackendError(f"rollout worker {w} (pid {self.pids[w]}) died during {self.context} "
-                                  f"({type(error).__name__}), {self._deaths} worker deaths in this play; giving up "
+                                  f"({type(error).__name__}), {self._deaths} worker deaths in it; giving up "
                                   f"after train.ray.max_retries={self.settings.max_retries}") from None
         self.log(f"ray: rollout worker {w} (pid {self.pids[w]}) died during {self.context}; {what} on a new worker")
         self.timing["retries"] += 1

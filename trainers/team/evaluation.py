@@ -59,6 +59,7 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0, opponent_actors: 
     if not tasks:
         raise ValueError("evaluation needs at least one task (set tasks.eval_count in the scenario)")
     mode = player.scenario.spec.mode
+    player.context = "the held-out evaluation"  # what the Ray backend's error lines (and death counts) name
     episodes = player.play([EpisodeJob(task, seed + index) for index, task in enumerate(tasks)], greedy=True).episodes
     figures = {"team_success": nanmean(success(e, mode) for e in episodes),
                "team_reward": nanmean(e.team_reward() for e in episodes) if mode == "cooperative" else math.nan,
