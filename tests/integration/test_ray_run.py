@@ -73,6 +73,10 @@ def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_pa
     import sys
     import time
 
+    def workers() -> set[str]:  # rollout worker processes on this machine
+        return set(subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout.split())
+
+    already = workers()  # another job's, if any: not this run's to stop
     out = tmp_path / "run"
     command = [sys.executable, "-m", "trainers.cli.main", "run", "relay", *_args("train.steps=400"), "--out", str(out),
                "--tracker", "none", "--backend", "ray"]
@@ -86,8 +90,7 @@ def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_pa
     assert process.returncode == 130, output
     assert "checkpoint written at step" in output and "Traceback" not in output
     assert (out / "checkpoints" / "latest").is_file()
-    workers = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout.split()
-    assert not workers  # the run's local cluster and its workers are gone
+    assert not workers() - already  # the run's local cluster and its workers are gone
 
 
 def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_dir):
