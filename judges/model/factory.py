@@ -85,7 +85,7 @@ def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, clie
 
         path = Path(config["model"])
         judge = RewardModelJudge.load(path if path.is_absolute() or base_dir is None else Path(base_dir) / path,
-                                      name=config.get("name"))
+                                      name=config.get("name"), device=config.get("device") or "cpu")
     else:
         judge = PointwiseJudge(build_backend(config, base_dir, client), name=config.get("name"),
                                rubric=config.get("rubric") or DEFAULT_RUBRIC, scale=tuple(config.get("scale", (1, 10))))

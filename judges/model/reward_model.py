@@ -120,6 +120,25 @@ def reward_model_problem(directory: str | Path) -> str | None:
     return None
 
 
+JUDGE_DEVICES = ("cpu", "cuda", "mps", "auto")
+
+
+def resolve_judge_device(name: str) -> str:
+    """Where a reward model runs: `auto` = cuda when torch sees one, else mps, else cpu; a named device must
+    exist (RewardModelError, one line, naming judges[].device)."""
+    import torch
+
+    if name not in JUDGE_DEVICES:
+        raise RewardModelError(f"judges[].device={name!r} is not one of {', '.join(JUDGE_DEVICES)}")
+    mps = getattr(torch.backends, "mps", None)
+    has = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": bool(mps is not None and mps.is_available())}
+    if name == "auto":
+        return "cuda" if has["cuda"] else "mps" if has["mps"] else "cpu"
+    if not has[name]:
+        raise RewardModelError(f"judges[].device={name} but torch sees no such device here; use cpu or auto")
+    return name
+
+
 class RewardModel:
     """A reward model directory, loaded: `rewards(prompts, answers)` -> a float per pair (None: too long)."""
 
@@ -194,8 +213,9 @@ class RewardModelJudge:
 
     @classmethod
     def load(cls, directory: str | Path, *, name: str | None = None, device: str = "cpu") -> "RewardModelJudge":
-        """The judge over a reward model directory (RewardModelError, one line, when it cannot be used)."""
-        return cls(RewardModel(directory, device=device), name=name)
+        """The judge over a reward model directory, on `device` (cpu, cuda, mps or auto); RewardModelError
+        (one line) when it cannot be used."""
+        return cls(RewardModel(directory, device=resolve_judge_device(device)), name=name)
 
     @property
     def identity(self) -> str:

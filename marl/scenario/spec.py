@@ -221,6 +221,15 @@ class JudgeSpec(Strict):
     requests_per_second: float | None = Field(None, gt=0, description="requests sent per second at most (across "
                                                                       "a Ray cluster: in all); absent: no limit")
     timeout_s: float = Field(60.0, gt=0)
+    device: Literal["cpu", "cuda", "mps", "auto"] = Field("cpu", description="where a reward_model judge runs "
+                                                                          "(auto: a GPU when torch sees one)")
+
+    @model_validator(mode="after")
+    def _device_is_for_reward_models(self) -> "JudgeSpec":
+        if self.device != "cpu" and self.backend != "reward_model":
+            raise ValueError(f"device={self.device!r} applies to reward_model judges only (backend "
+                             f"{self.backend!r} runs where its endpoint or model is); remove it")
+        return self
 
 
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]  # an AdamW beta: a decay rate in [0, 1)

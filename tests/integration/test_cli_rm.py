@@ -244,3 +244,24 @@ def test_judges_commands_refuse_a_damaged_reward_model_in_one_line(trained, tmp_
         assert line.startswith(f"marl: error: --reward-model {damaged}: ")
         assert ("differ from the tokenizer" if damage == "tokenizer" else "no weight file") in line
     assert not out.parent.exists()  # nothing created
+
+
+def test_a_reward_model_judge_runs_where_its_device_says(trained, tmp_path):
+    import torch
+
+    from judges.model.factory import build_judge
+    from judges.model.reward_model import RewardModelError
+
+    out, _ = trained
+    judge = build_judge({"name": "rm", "backend": "reward_model", "model": str(out), "device": "auto"})
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert judge.model.device == expected and next(judge.model.model.parameters()).device.type == expected
+    if not torch.cuda.is_available():  # a device the machine lacks: one line naming the setting
+        with pytest.raises(RewardModelError, match=r"judges\[\]\.device=cuda but torch sees no such device"):
+            build_judge({"name": "rm", "backend": "reward_model", "model": str(out), "device": "cuda"})
+    scenario_file = tmp_path / "device.yaml"
+    scenario_file.write_text('name: device\nagents:\n  - name: solver\ntasks:\n  inline:\n    - {prompt: "1+1=", answer: "2"}\n'
+                             'judges:\n  - {name: j, model: gpt-4.1-mini, device: cuda}\n'
+                             'rewards:\n  outcome:\n    - kind: j\n')
+    line = one_error_line(run_marl("validate", str(scenario_file)))
+    assert line.startswith(f"{scenario_file}:8:") and "applies to reward_model judges only" in line
