@@ -217,6 +217,9 @@ def continual_beta(scenario) -> float:
     if kl and train.beta and kl != train.beta:
         raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
                              "policy (with --init-from it is the one reference); set only train.continual.kl")
+    if train.ref_update_every:
+        raise ContinualError(f"train.ref_update_every={train.ref_update_every} would move the KL reference away "
+                             "from the earlier policy, which --init-from keeps it on; set ref_update_every: 0")
     return kl or train.beta
 
 

@@ -264,6 +264,9 @@ class GRPOKnobs(Strict):
     scale_rewards: Literal[SCALE_MODES] = Field("group", description="group, batch or none: how advantages are "
                                                                      "scaled")
     beta: float = Field(0.0, ge=0, description="KL coefficient to a frozen reference copy (none is built when 0)")
+    ref_update_every: int = Field(0, ge=0, description="steps between moves of the KL reference to the current "
+                                                       "policy (0: it stays the start); with beta > 0 a moving "
+                                                       "anchor that damps the cycling of self-play")
     epsilon_low: float = Field(0.2, ge=0, le=1, description="lower clip: ratio >= 1 - epsilon_low")
     epsilon_high: float = Field(0.2, ge=0, description="upper clip: ratio <= 1 + epsilon_high (DAPO's "
                                                        "clip-higher uses 0.28)")
@@ -353,6 +356,13 @@ class TrainSpec(TrainKnobs):
     ray: RaySpec = Field(default_factory=RaySpec)
     continual: ContinualSpec = Field(default_factory=ContinualSpec, description="with --init-from: replay "
                                      "share and KL to the earlier run's policy (ignored without it)")
+
+    @model_validator(mode="after")
+    def _moving_reference_needs_kl(self) -> TrainSpec:
+        if self.ref_update_every and not self.beta:
+            raise ValueError(f"ref_update_every={self.ref_update_every} moves the KL reference, but beta is 0 (no "
+                             "KL term): set train.beta > 0 (e.g. 0.1) or ref_update_every: 0")
+        return self
 
     @field_validator("budget_curve")
     @classmethod

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.policy.adapters import reference_model
+from trainers.policy.adapters import BaseReference, opponent_model, reference_model
 from trainers.policy.sampling import Completions, completion_logprobs, microbatch_rows, select_rows
 
 
@@ -194,6 +194,22 @@ class PolicyLearner:
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
 
+    def end_step(self, step: int) -> None:
+        """After the run's step number `step`: the KL reference moves when `ref_update_every` says so."""
+        if self.config.ref_update_every and step % self.config.ref_update_every == 0:
+            self.move_reference()
+
+    def move_reference(self) -> None:
+        """The KL reference becomes the current policy (`ref_update_every`): the KL term then pulls toward
+        where the policy was a few steps ago, a proximal step, instead of toward the start. Under LoRA the
+        reference moves from the base (adapters off) to a frozen copy of the adapter."""
+        if self.reference is None:
+            return
+        if isinstance(self.reference, BaseReference):
+            self.reference = opponent_model(self.model, "reference", frozen_copy)
+        else:
+            self.reference.load_state_dict(self.model.state_dict())
+
     def lr(self) -> float:
         """The learning rate the next step will use."""
         return self.scheduler.get_last_lr()[0]
@@ -213,6 +229,8 @@ class PolicyLearner:
         self.skipped_spikes = state.get("skipped_spikes", 0)
         self.spikes.grad_norms, self.spikes.losses = list(state["spikes"]["grad_norms"]), list(state["spikes"]["losses"])
         if self.reference is not None and state.get("reference") is not None:
+            if isinstance(self.reference, BaseReference) and state["reference"]:  # a moved LoRA reference
+                self.reference = opponent_model(self.model, "reference", frozen_copy)
             self.reference.load_state_dict(state["reference"])
 
 

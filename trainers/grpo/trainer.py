@@ -109,6 +109,7 @@ class GRPOTrainer:
         update = self._update(completions, advantages)
         record_pass_rates(self.buckets, tasks, raw_rewards, self.config.group_size)
         self.step_count += 1
+        self.learner.end_step(self.step_count)
         self.totals["masked_rewards"] += masked
         times = {"time/generate": generated - started, "time/score": scored - generated,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}

@@ -199,6 +199,8 @@ class MultiAgentTrainer:
                    for name, learner in self.learners.items()}
         self._record_results(tasks, batch, credits, opponent)
         self.step_count += 1
+        for learner in self.learners.values():
+            learner.end_step(self.step_count)
         self.last_step = StepResult(batch, rewards, advantages, credits)
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
