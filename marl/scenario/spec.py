@@ -309,6 +309,18 @@ class GRPOKnobs(Strict):
                                                            "no mask: varlen kernels), auto (per_row under flash "
                                                            "attention, else shared_prompt)")
 
+    @model_validator(mode="after")
+    def _moving_reference_needs_kl(self) -> GRPOKnobs:
+        return check_moving_reference(self)
+
+
+def check_moving_reference(knobs, prefix: str = ""):
+    """`knobs` unless ref_update_every is set without a KL term (a reference that moves but pulls nothing)."""
+    if knobs.ref_update_every and not knobs.beta:
+        raise ValueError(f"ref_update_every={knobs.ref_update_every} moves the KL reference, but beta is 0 (no "
+                         f"KL term): set {prefix}beta > 0 (e.g. 0.1) or ref_update_every: 0")
+    return knobs
+
 
 DERIVED_KNOBS = {
     "steps": "the sum of every stage's steps (train.steps is the main stage's)",
@@ -359,10 +371,7 @@ class TrainSpec(TrainKnobs):
 
     @model_validator(mode="after")
     def _moving_reference_needs_kl(self) -> TrainSpec:
-        if self.ref_update_every and not self.beta:
-            raise ValueError(f"ref_update_every={self.ref_update_every} moves the KL reference, but beta is 0 (no "
-                             "KL term): set train.beta > 0 (e.g. 0.1) or ref_update_every: 0")
-        return self
+        return check_moving_reference(self, "train.")
 
     @field_validator("budget_curve")
     @classmethod

@@ -34,8 +34,8 @@ def check_knobs(values: dict) -> None:
         first = error.errors()[0]
         knob = str(first["loc"][0]) if first["loc"] else ""
         name = ".".join(str(part) for part in first["loc"])
-        raise KnobError(knob, f"GRPOConfig: {name}={values.get(knob)!r}: "
-                              f"{first['msg'].removeprefix('Value error, ')}") from None
+        where = f"{name}={values.get(knob)!r}: " if knob else ""  # a check across knobs names them itself
+        raise KnobError(knob, f"GRPOConfig: {where}{first['msg'].removeprefix('Value error, ')}") from None
 
 
 def _check(config) -> None:
