@@ -174,13 +174,16 @@ def main(argv=None) -> int:
           f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks"
           + ("; every condition from the warm-up's SFT" if args.warmup else "")
           + (f"; every condition with {' '.join(args.settings)}" if args.settings else ""))
+    # the run is the main stage, `--steps` long, so an lr schedule (train.lr_schedule) spans exactly the run
+    span = [f"train.steps={args.steps}", "train.stages=[main]"]
     lasts, games_per_eval = {}, {}
     for game in args.games:
         results = {}
         for seed in seeds:
-            start = warmed_start(game, condition_settings("self", game, seed) + args.settings) if args.warmup else None
+            start = warmed_start(game, condition_settings("self", game, seed) + span + args.settings) \
+                if args.warmup else None
             for condition in args.conditions:
-                settings = condition_settings(condition, game, seed) + args.settings
+                settings = condition_settings(condition, game, seed) + span + args.settings
                 run = train_condition(game, settings, args.steps, args.eval_every, start)
                 results[condition, seed] = run
                 games_per_eval[game] = run["games"]
