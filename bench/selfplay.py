@@ -117,8 +117,11 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
         points = " ".join(f"{step}:{figures.get(figure, float('nan')):.3f}" for step, figures in run["curve"])
         extra = ""
         if game == "tictactoe":
+            last = run["curve"][-1][1]
             extra = "  vs random " + " ".join(f"{figures.get('vs/random/not_lost', float('nan')):.2f}"
-                                             for _, figures in run["curve"])
+                                             for _, figures in run["curve"]) \
+                + "  last vs minimax by seat " + " ".join(
+                    f"{seat} {last.get(f'vs/minimax/{seat}/not_lost', float('nan')):.2f}" for seat in ("x", "o"))
         print(f"  {condition:<5} seed {seed}: {points}{extra}")
     print(f"  {'':<5} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
     lasts = {}
