@@ -24,7 +24,9 @@ scenario's held-out tasks (`trainers.team.evaluation.evaluate_team`):
     tictactoe   vs/minimax/not_lost: games not lost against the perfect minimax player, both seats
                 (1 is the best reachable); vs/random/not_lost too
     kuhn_poker  game/exploitability: exact, from the game tree, of the mixed strategy the model plays
-                when sampling (0 at an equilibrium; lower is better)
+                when sampling (0 at an equilibrium; lower is better); and game/exploitability_average,
+                of the average of that strategy over every step so far (from the start): the strategy of
+                drawing one of the run's policies each hand, which fictitious play converges with
 
 The summary gives each curve's best and last value, and the drop from the best to the last (the
 collapse pure self-play shows on tic-tac-toe). The last line, `ratio: ...`, is the pool-with-fixed-
@@ -53,6 +55,7 @@ GAMES = {  # game -> (the figure followed, whether higher is better, the fixed o
     "kuhn_poker": ("game/exploitability", False, "nash"),
 }
 CONDITIONS = ("self", "pool", "fixed")
+AVERAGE = "game/exploitability_average"  # Kuhn poker: of the average of the iterates (IterateAverage)
 
 
 def condition_settings(condition: str, game: str, seed: int) -> list[str]:
@@ -90,14 +93,46 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
     if start is not None:
         trainer.actors["shared"].model.load_state_dict(start)
         trainer.restart_frozen_copies()  # the KL reference and the first snapshot are the warmed-up model
-    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks))], 0.0
+    iterates = IterateAverage(trainer.player) if game == "kuhn_poker" else None
+    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks) | _average(iterates))], 0.0
     for step in range(1, steps + 1):
         started = time.perf_counter()
         trainer.step()
         seconds += time.perf_counter() - started
+        if iterates is not None:
+            iterates.add()  # a measurement, not training: outside the seconds
         if step % eval_every == 0 or step == steps:
-            curve.append((step, evaluate_team(trainer.player, eval_tasks)))
+            curve.append((step, evaluate_team(trainer.player, eval_tasks) | _average(iterates)))
     return {"curve": curve, "seconds": seconds, "games": len(eval_tasks)}
+
+
+class IterateAverage:
+    """Kuhn poker's average of self-play's iterates: the mixed strategy the model plays after every step
+    (from the start), and the exploitability of their average (`kuhn_poker_lib.average_strategy`: the
+    strategy of drawing one of the step's policies each hand, what fictitious play converges with)."""
+
+    def __init__(self, player):
+        from trainers.team.evaluation import learned_policy
+
+        resolve = player.scenario.resolve
+        self.policy = learned_policy(player)
+        self.strategy_of = resolve("kuhn_poker_lib:mixed_strategy_of")
+        self.average = resolve("kuhn_poker_lib:average_strategy")
+        self.exploitability = resolve("kuhn_poker_lib:exploitability")
+        self.strategies = []
+        self.add()
+
+    def add(self) -> None:
+        """Read the current policy's strategy (12 forward passes)."""
+        self.strategies.append(self.strategy_of(self.policy))
+
+    def figure(self) -> float:
+        """Exploitability of the average of the strategies read so far."""
+        return self.exploitability(self.average(self.strategies))
+
+
+def _average(iterates: IterateAverage | None) -> dict:
+    return {} if iterates is None else {AVERAGE: iterates.figure()}
 
 
 def summary(run: dict, figure: str, higher: bool) -> dict:
@@ -122,6 +157,9 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
                                              for _, figures in run["curve"]) \
                 + "  last vs minimax by seat " + " ".join(
                     f"{seat} {last.get(f'vs/minimax/{seat}/not_lost', float('nan')):.2f}" for seat in ("x", "o"))
+        if game == "kuhn_poker":
+            extra = "  average of the iterates " + " ".join(f"{figures.get(AVERAGE, float('nan')):.3f}"
+                                                         for _, figures in run["curve"])
         print(f"  {condition:<5} seed {seed}: {points}{extra}")
     print(f"  {'':<5} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
     lasts = {}
@@ -133,6 +171,10 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
         print(f"  {condition:<5} {mean['first']:>6.3f} {mean['best']:>6.3f} {mean['best_step']:>6.0f} "
               f"{mean['last']:>6.3f} {mean['drop']:>6.3f} {per_step:>7.2f}")
         lasts[condition] = mean["last"]
+    if game == "kuhn_poker":  # the average of the iterates (IterateAverage), beside the last iterate
+        print("  average of the iterates, last: " + ", ".join(
+            f"{condition} {statistics.fmean(results[condition, seed]['curve'][-1][1][AVERAGE] for seed in seeds):.3f}"
+            for condition in conditions))
     return lasts
 
 

@@ -14,7 +14,8 @@ sets: (player, card, history) with history '' or 'check bet' for `first`, 'check
 `second`. `exploitability(strategy)` is exact (the game tree enumerated): half the sum of what a best
 response to each player's side gains over the game value, so 0 at a Nash equilibrium. `nash(alpha)` is
 the equilibrium family (alpha in [0, 1/3]: first bets a J with alpha, a K with 3 alpha); the game's
-value for `first` is -1/18. `strategy_of(policy)` asks a text policy (greedy) what it does at every
+value for `first` is -1/18. `average_strategy(strategies)` is the strategy of drawing one of several
+each hand (the average of self-play's iterates). `strategy_of(policy)` asks a text policy (greedy) what it does at every
 information set, with the observation the scenario shows there; `mixed_strategy_of(policy)` asks a
 model policy how likely it is to say the aggressive word there (the strategy it plays when sampling).
 """
@@ -173,6 +174,38 @@ def exploitability(strategy: dict) -> float:
     gain_first = game_value(best_response(strategy, "first"), strategy)
     gain_second = -game_value(strategy, best_response(strategy, "second"))
     return (gain_first + gain_second) / 2
+
+
+def own_reach(strategy: dict, player: str, card: str, history: str) -> float:
+    """The chance that `player` holding `card` makes its own moves on the way to `history` (the other
+    seat's moves and the deal are not counted): 1 - P(bet) for `first` at 'check bet', else 1."""
+    reach, path = 1.0, ""
+    for word in history.split():
+        if to_act(path) == player:
+            p = strategy[(player, card, path)]
+            reach *= p if word == OFFERS[(player, path)][1] else 1 - p
+        path = f"{path} {word}".strip()
+    return reach
+
+
+def average_strategy(strategies: list[dict]) -> dict:
+    """The strategy of playing, each hand, one of `strategies` drawn uniformly (in each seat): at every
+    information set the average of their moves weighted by how often each one's own play reaches it
+    (Kuhn's theorem makes this behaviour strategy worth the same as the mixture against any opponent).
+    It is the average of the iterates that fictitious play converges with, where the last iterate of
+    gradient self-play may cycle."""
+    if not strategies:
+        raise ValueError("average_strategy needs at least one strategy")
+    average = {}
+    for player, card, history in INFOSETS:
+        key = (player, card, history)
+        weights = [own_reach(strategy, player, card, history) for strategy in strategies]
+        total = sum(weights)
+        if total <= 0:  # no strategy reaches it: any move will do, take the plain mean
+            average[key] = sum(strategy[key] for strategy in strategies) / len(strategies)
+        else:
+            average[key] = sum(w * strategy[key] for w, strategy in zip(weights, strategies)) / total
+    return average
 
 
 def strategy_of(policy, task_id: str = "kuhn-probe") -> dict:

@@ -141,3 +141,33 @@ def test_the_evaluation_reads_the_mixed_strategy_of_a_policy_that_can_say_its_pr
     assert figures["exploitability"] == pytest.approx(0.0, abs=1e-12)
     assert figures["exploitability_greedy"] >= 1 / 6 - 1e-12
     assert kuhn["mixed_strategy_of"](lambda agent, observation, task: "bet") is None  # a scripted policy
+
+
+def test_the_average_strategy_is_worth_what_drawing_one_strategy_per_hand_is(kuhn):
+    """Kuhn's theorem: the reach-weighted average of strategies plays like drawing one of them per hand, so
+    against any opponent it is worth the mean of their values; the plain mean of the moves is not."""
+    import random
+
+    keys = list(kuhn["nash"]())
+    rng = random.Random(3)
+    strategies = [{key: rng.random() for key in keys} for _ in range(4)]
+    opponent = {key: rng.random() for key in keys}
+    average = kuhn["average_strategy"](strategies)
+    mean_first = sum(kuhn["game_value"](s, opponent) for s in strategies) / 4
+    mean_second = sum(kuhn["game_value"](opponent, s) for s in strategies) / 4
+    assert kuhn["game_value"](average, opponent) == pytest.approx(mean_first, abs=1e-12)
+    assert kuhn["game_value"](opponent, average) == pytest.approx(mean_second, abs=1e-12)
+    plain = {key: sum(s[key] for s in strategies) / 4 for key in keys}
+    assert kuhn["game_value"](plain, opponent) != pytest.approx(mean_first, abs=1e-6)
+    # first's later decision after 'check bet' is weighted by how often each strategy checks first
+    always_bet, always_check = ({key: value for key in keys} for value in (1.0, 0.0))
+    two = kuhn["average_strategy"]([always_bet, always_check])
+    assert two[("first", "Q", "check bet")] == 0.0  # only always_check ever reaches it
+    assert two[("first", "Q", "")] == 0.5 and two[("second", "K", "bet")] == 0.5
+
+
+def test_averaging_two_equilibria_stays_an_equilibrium_and_averaging_needs_a_strategy(kuhn):
+    average = kuhn["average_strategy"]([kuhn["nash"](0.0), kuhn["nash"](1 / 3)])
+    assert kuhn["exploitability"](average) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="at least one strategy"):
+        kuhn["average_strategy"]([])
