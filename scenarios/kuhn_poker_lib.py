@@ -158,27 +158,14 @@ def best_response(strategy: dict, seat: str) -> dict:
 def _reach_value(strategy: dict, deal, history: str, seat: str) -> float:
     """first's expected chips on `deal` from `history`, weighted by the chance the other seat's play
     reaches it (the seat's own moves on the way are its choice, so they carry no weight)."""
-    reach, path = 1.0, ""
-    for word in history.split():
-        player = to_act(path)
-        if player != seat:
-            passive, aggressive = OFFERS[(player, path)]
-            p = strategy[(player, deal[0] if player == "first" else deal[1], path)]
-            reach *= p if word == aggressive else 1 - p
-        path = f"{path} {word}".strip()
+    other = "second" if seat == "first" else "first"
+    reach = _moves_reach(strategy, history, other, deal[0] if other == "first" else deal[1])
     return reach * _value(strategy, strategy, deal, history) if reach else 0.0
 
 
-def exploitability(strategy: dict) -> float:
-    """Half of what best responses gain against `strategy` in each seat: 0 at a Nash equilibrium."""
-    gain_first = game_value(best_response(strategy, "first"), strategy)
-    gain_second = -game_value(strategy, best_response(strategy, "second"))
-    return (gain_first + gain_second) / 2
-
-
-def own_reach(strategy: dict, player: str, card: str, history: str) -> float:
-    """The chance that `player` holding `card` makes its own moves on the way to `history` (the other
-    seat's moves and the deal are not counted): 1 - P(bet) for `first` at 'check bet', else 1."""
+def _moves_reach(strategy: dict, history: str, player: str, card: str) -> float:
+    """The chance that `player`, holding `card`, makes its moves in `history` (the other seat's moves
+    and the deal not counted)."""
     reach, path = 1.0, ""
     for word in history.split():
         if to_act(path) == player:
@@ -186,6 +173,13 @@ def own_reach(strategy: dict, player: str, card: str, history: str) -> float:
             reach *= p if word == OFFERS[(player, path)][1] else 1 - p
         path = f"{path} {word}".strip()
     return reach
+
+
+def exploitability(strategy: dict) -> float:
+    """Half of what best responses gain against `strategy` in each seat: 0 at a Nash equilibrium."""
+    gain_first = game_value(best_response(strategy, "first"), strategy)
+    gain_second = -game_value(strategy, best_response(strategy, "second"))
+    return (gain_first + gain_second) / 2
 
 
 def average_strategy(strategies: list[dict]) -> dict:
@@ -199,7 +193,8 @@ def average_strategy(strategies: list[dict]) -> dict:
     average = {}
     for player, card, history in INFOSETS:
         key = (player, card, history)
-        weights = [own_reach(strategy, player, card, history) for strategy in strategies]
+        # how often each strategy's own play reaches the set: 1 - P(bet) for `first` at 'check bet', else 1
+        weights = [_moves_reach(strategy, history, player, card) for strategy in strategies]
         total = sum(weights)
         if total <= 0:  # no strategy reaches it: any move will do, take the plain mean
             average[key] = sum(strategy[key] for strategy in strategies) / len(strategies)
