@@ -20,6 +20,7 @@ causal-LM directory loads through the same `load_policy`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -253,8 +254,6 @@ def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demo
     `probe_accuracy(model, tokenizer)` is the sampled accuracy the SFT stops on (None: the recipe's
     step budget). Deterministic for a key (seeded init and batch order) and written atomically.
     """
-    from trainers.policy.prompts import demonstration
-
     if not demonstrations:
         raise ValueError("the tiny model needs at least one demonstration to warm up on")
     target = Path(cache_dir or default_cache_dir()) / "models" / f"tinylm-{cache_key(recipe, demonstrations)}"
@@ -262,6 +261,39 @@ def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demo
         log(f"tiny model: cached at {target}")
         return target
     _check_cache_folder(target.parent)  # before the build (a minute), not at its end
+    # One build per model and machine: a second process asking for the same model while it is being
+    # built (two runs started together, pytest-xdist workers) waits for it and loads it.
+    with _build_lock(target, log):
+        if (target / "marl_build.json").exists():
+            log(f"tiny model: cached at {target} (built by another process meanwhile)")
+            return target
+        return _build_tiny_model(recipe, demonstrations, probe_accuracy, target, log)
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path, log: Callable[[str], None]):
+    """Hold an inter-process lock file beside `target` (the well-kept `filelock` package, which
+    transformers' hub client depends on), saying so when another process holds it."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(target.parent / f".{target.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log(f"tiny model: another process is building {target.name}; waiting for it")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _build_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demonstration],
+                      probe_accuracy: Callable[[object, object], float] | None, target: Path,
+                      log: Callable[[str], None]) -> Path:
+    """Build, warm up and save the tiny model of `recipe` at `target` (see build_or_load_tiny_model)."""
+    from trainers.policy.prompts import demonstration
+
     log(f"tiny model: building {target.name} (first run only; one to six minutes on a 2-core CPU)")
     tokenizer = build_tiny_tokenizer(recipe, demonstrations)
     model = init_tiny_model(recipe, tokenizer)

@@ -135,3 +135,33 @@ def test_a_build_needs_demonstrations(tmp_path):
 def test_load_policy_rejects_a_directory_without_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_policy(tmp_path)
+
+
+def test_a_build_under_way_elsewhere_is_waited_for_not_repeated(tmp_path):
+    """While another process holds the build lock (here: this test, building the model itself), a
+    second request says it waits, then loads what the other built instead of building it again."""
+    import threading
+
+    from filelock import FileLock
+
+    recipe = TinyLMRecipe(**MICRO)
+    target = tmp_path / "models" / f"tinylm-{cache_key(recipe, DEMOS)}"
+    target.parent.mkdir(parents=True)
+    waiting, logs, result = threading.Event(), [], []
+
+    def log(line):
+        logs.append(line)
+        if "waiting for it" in line:
+            waiting.set()
+
+    other = FileLock(str(target.parent / f".{target.name}.lock"))
+    with other:
+        second = threading.Thread(target=lambda: result.append(
+            build_or_load_tiny_model(recipe, DEMOS, cache_dir=tmp_path, log=log)))
+        second.start()
+        assert waiting.wait(timeout=600)  # a hang guard only: the line comes as soon as the lock is tried
+        tinylm._build_tiny_model(recipe, DEMOS, None, target, log=lambda m: None)  # "the other process"
+    second.join()
+    assert result == [target]
+    assert not any(line.startswith("tiny model: building") for line in logs)
+    assert logs[-1] == f"tiny model: cached at {target} (built by another process meanwhile)"
