@@ -64,6 +64,7 @@ def prepare(options: RunOptions, log=print):
     elif scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
         log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
     train_tasks, eval_tasks = scenario.split()
+    _probe_judges(scenario)  # a judge endpoint that is down: one line and exit 2 now, not after minutes of retries
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
     if train.backend == "ray":  # an unreachable cluster or too few resources: exit 2 before any model is built
@@ -94,6 +95,16 @@ def prepare(options: RunOptions, log=print):
 
         attach(earlier, trainer, log)
     return scenario, train_tasks, eval_tasks, trainer
+
+
+def _probe_judges(scenario) -> None:
+    """RunError (one line: the endpoint, its error, the fix) when an endpoint the judges use does not answer."""
+    from trainers.judging import DeadJudge, probe_judges
+
+    try:
+        probe_judges(scenario)
+    except DeadJudge as error:
+        raise RunError(str(error)) from None
 
 
 def _earlier_team(earlier, scenario, options: RunOptions, device, dtype, log):
@@ -209,19 +220,24 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         from trainers.continual import recorded_init_from
 
         options = replace(options, init_from=recorded_init_from(Path(options.out)))
-    try:
-        scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
-    except BaseException:  # a run that fails to start leaves no Ray cluster behind
-        from trainers.ray.cluster import shutdown
+    from judges.model.ledger import JudgeLedger, installed
 
-        shutdown(only_if_started_here=True)
-        raise
-    out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
-            return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
-    finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
-        _close_backend(trainer)
+    # every judge call of the run goes through one ledger: installed before any judge is built (the Ray
+    # backend moves it into an actor), its cache opened in the run directory once that is known (_run)
+    with installed(JudgeLedger(log=log)):
+        try:
+            scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+        except BaseException:  # a run that fails to start leaves no Ray cluster behind
+            from trainers.ray.cluster import shutdown
+
+            shutdown(only_if_started_here=True)
+            raise
+        out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
+                return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
+        finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
+            _close_backend(trainer)
 
 
 def _close_backend(trainer) -> None:
@@ -247,6 +263,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
+    _open_judge_cache(scenario, out)  # in the run directory: a resume reads back every judgment already paid for
     continual.mark(out, trainer)  # --init-from: recorded before anything can fail, so a resume stays continual
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
         from judges.rules.sandbox import describe
@@ -261,8 +278,11 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
         before = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
+        _drain_judge_lines(log)
+        if _all_masked(before):  # nothing to compare the run against, and the judges fail on every episode
+            raise RunError(_all_masked_line(before, "before training"))
         write_text_atomically(out / "before.json", json.dumps(before))
-    if before:
+    if before and "team_success" in before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
     kept = continual.start(out, trainer, log)  # --init-from: the old held-out set before (None otherwise)
     if resumed is None and "warmup" in train.stages:
@@ -276,6 +296,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         _train(trainer, plan, train_tasks, tracker, out, log, eval_tasks)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents) if eval_tasks else {}
+        _drain_judge_lines(log)
+        if _all_masked(after):
+            log(_all_masked_line(after, "after training"))
         write_text_atomically(out / "after.json", json.dumps(after))
         kept = continual.finish(out, trainer, kept, log)  # and after: the forgetting
         budget_section = log_budget_curve(trainer, eval_tasks, tracker, out, log)  # train.budget_curve; [] by default
@@ -289,7 +312,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     continual.record_scenario(out, options.scenario, options.overrides, spec)  # what a later --init-from loads
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
     report = _write_report(out, spec, before, after, trainer, budget_section)
-    if after:
+    if after and "team_success" in after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
             f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f})")
     log(f"report: {report}")
@@ -304,8 +327,12 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     from trainers.continual import old_evaluation_due, run_step
     from trainers.stages.warmup import stage_at
 
+    from judges.model.ledger import active
+    from trainers.judging import JudgeCounts
+
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
+    judge_counts = JudgeCounts(active())  # judge/<name>/calls, cache_hits, failures, retries of each step
     every = trainer.spec.train.checkpoint_every
     signals = _signals_so_far(out, trainer.step_count)  # a resumed run judges its start as an unbroken one
     with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
@@ -314,6 +341,8 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
             metrics = run_step(trainer, stage, within, train_tasks, log)  # a continual run's replay steps too
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
             metrics.update(old_evaluation_due(trainer, metrics, log))  # and its old held-out set
+            metrics.update(judge_counts.step())
+            _drain_judge_lines(log)
             if len(signals) < WEAK_START_STEPS:  # judged at step 5 exactly (a shorter run is not judged)
                 signals.append(metrics.get("train/signal_groups", math.nan))
                 if len(signals) == WEAK_START_STEPS:
@@ -420,14 +449,54 @@ def _tracker(options: RunOptions, scenario, out: Path, step: int):
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
 
 
+def _open_judge_cache(scenario, out: Path) -> None:
+    """The run's judge cache, OUT/judge_cache.sqlite, opened in the installed ledger (when a judge has an endpoint)."""
+    from judges.model.ledger import active
+    from trainers.judging import CACHE_FILE, endpoint_judges
+
+    ledger = active()
+    if ledger is not None and endpoint_judges(scenario.spec):
+        ledger.open_cache(str(out / CACHE_FILE))
+
+
+def _drain_judge_lines(log) -> None:
+    """Log the endpoint health lines the ledger kept (the Ray backend's ledger actor cannot print them)."""
+    from judges.model.ledger import active
+
+    ledger = active()
+    for line in ledger.drain() if ledger is not None else ():
+        log(line)
+
+
+def _all_masked(figures) -> bool:
+    """Whether an evaluation masked every one of its episodes (so it has no team success to report)."""
+    return bool(figures) and figures.get("episodes", 0) > 0 and figures.get("masked_episodes") == figures["episodes"]
+
+
+def _all_masked_line(figures: dict, when: str) -> str:
+    """Why the held-out evaluation has no figures, and what to do, in one line."""
+    from judges.model.ledger import active
+
+    ledger = active()
+    failing = ledger.failing() if ledger is not None else {}
+    why = "; ".join(f"judge endpoint {url} failing: {error}" for url, error in failing.items()) or (
+        "a scorer or judge failed on each (marl rollout SCENARIO shows the failing scorer)")
+    return (f"the held-out evaluation {when}: every one of its {figures['episodes']:.0f} episodes was masked, so "
+            f"there is no team success to report ({why}); fix the judge, then run again (or --resume)")
+
+
 def _read_json(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def _summary(trainer, before, after, seconds: float, plan) -> dict:
+    from judges.model.ledger import active
+
+    ledger = active()
     return {"scenario": trainer.spec.name, "steps": trainer.step_count, "stages": plan, "before": before,
             "after": after, "train_seconds": seconds, "totals": trainer.totals,
-            "masked_episodes": trainer.totals["masked_episodes"]}
+            "masked_episodes": trainer.totals["masked_episodes"],
+            "judges": ledger.counts() if ledger is not None else {}}  # this session's calls, hits, failures
 
 
 def _write_report(out: Path, spec, before, after, trainer, budget_section: str = "") -> Path:
@@ -441,5 +510,12 @@ def _write_report(out: Path, spec, before, after, trainer, budget_section: str =
               "masked reward (a judge or reward failure: advantage 0, never scored 0); "
               f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
               "judgment failed.\n")
+    from judges.model.ledger import active, format_counts
+
+    ledger = active()
+    counts = ledger.counts() if ledger is not None else {}
+    if counts:  # since this session started (a resume counts its own): calls paid for vs answers read back
+        judges += "\nJudge calls in this session (cache: judge_cache.sqlite):\n\n" + "".join(
+            f"- {line}\n" for line in format_counts(counts).splitlines())
     return write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after),
                         extra=judges + (f"\n{budget_section}" if budget_section else ""))

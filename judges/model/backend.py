@@ -32,6 +32,8 @@ class ChatRequest:
     messages: ({"role": "system"|"user"|"assistant", "content": str}, ...).
     logprobs / top_logprobs: ask for the top alternatives of every generated token.
     seed: passed to the endpoint (best effort on hosted models).
+    sample: which of several samples of the same prompt this is (never sent): at temperature > 0 each
+    sample is its own cache entry, so asking for k samples gets k answers, not one answer k times.
     """
 
     messages: tuple[dict[str, str], ...]
@@ -40,10 +42,16 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     seed: int | None = None
+    sample: int = 0
 
     def key(self, backend_identity: str) -> str:
-        """A content hash of the whole request and the backend's identity (the cache key)."""
-        blob = json.dumps({"backend": backend_identity, **asdict(self)}, sort_keys=True)
+        """A content hash of the whole request and the backend's identity (the cache key). The sample
+        index counts only at temperature > 0 (greedy samples are one answer), and only when it is not 0,
+        so the keys of single-sample requests are those of caches written before it existed."""
+        fields = asdict(self)
+        if fields.pop("sample") and self.temperature > 0:
+            fields["sample"] = self.sample
+        blob = json.dumps({"backend": backend_identity, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -2,7 +2,8 @@
 
 Key: `ChatRequest.key(backend.identity)`, a sha256 over the backend identity (model and endpoint) and
 the whole request (messages, so the rendered prompt template and candidate order; max_tokens,
-temperature, logprobs flags, seed). Value: `ChatResponse.to_json()`.
+temperature, logprobs flags, seed, and the sample index at temperature > 0). Value:
+`ChatResponse.to_json()`.
 
 Modes (`CACHE_MODES`):
   off            never read, never write (nothing is opened on disk)
@@ -191,7 +192,8 @@ class JudgeCache:
             return False
         request_blob = json.dumps({"messages": list(request.messages), "max_tokens": request.max_tokens,
                                    "temperature": request.temperature, "logprobs": request.logprobs,
-                                   "top_logprobs": request.top_logprobs, "seed": request.seed})
+                                   "top_logprobs": request.top_logprobs, "seed": request.seed,
+                                   "sample": request.sample})
         with self._lock:
             if self._connection is None:
                 return False

@@ -60,7 +60,8 @@ def build_backend(config: dict[str, Any], base_dir: str | Path | None = None, cl
         return OpenAIBackend(client, model=config["model"], base_url=config.get("base_url"),
                              api_key_env=config.get("api_key_env") or "OPENAI_API_KEY",
                              max_concurrency=config.get("concurrency", 8), timeout_s=config.get("timeout_s", 60.0),
-                             requests_per_second=config.get("requests_per_second"))
+                             requests_per_second=config.get("requests_per_second"),
+                             label=config.get("name"))  # the ledger counts its calls under the judge's name
     if backend == "local":
         from judges.model.local_backend import LocalBackend
 

@@ -27,6 +27,9 @@ What one `complete(request)` does, in order:
      refuses the body on the wire: a Content-Length above the cap, or more bytes than the cap while
      reading, stops the download (no retry: the same request would get the same answer);
   6. ok/truncated responses are written to the cache.
+A judge's backend (one given a `label`, the judge's name) with no cache of its own uses the ledger
+installed for the command at call time (`judges.model.ledger`): its cache, and its counts under the label.
+`probe()` asks the endpoint once whether it answers at all (fail fast before a long job).
 
 `stats`: {"calls": network attempts made, "cache_hits", "retries", "failed": responses returned with
 a status other than ok}. The SDK's own retries are off (`max_retries=0`): this loop is the only one.
@@ -51,6 +54,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from judges.model.backend import MAX_RESPONSE_BYTES, ChatRequest, ChatResponse, checked_response
+from judges.model import ledger as ledgers
 from judges.model.cache import JudgeCache
 
 RETRYABLE_STATUS_CODES = frozenset({408, 409, 429})
@@ -306,6 +310,23 @@ def parse_completion(completion: Any, *, latency: float = 0.0, attempts: int = 1
     return ChatResponse("ok", **common)
 
 
+def _with_cause(error: str, exc: BaseException) -> str:
+    """`error` and the root cause behind it when that says more (the SDK's "Connection error." hides
+    "[Errno 111] Connection refused")."""
+    cause = exc
+    for _ in range(8):  # a chain is short; a cyclic one must not loop
+        if (cause.__cause__ or cause.__context__) is None:
+            break
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(str(cause).split())
+    return f"{error} ({text})" if cause is not exc and text and text not in error else error
+
+
+async def _awaited(value):
+    """`value`, awaited when it is awaitable (a ledger behind a Ray actor answers with awaitables)."""
+    return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
+
+
 # -- the backend -----------------------------------------------------------------------------------------------
 def _check_settings(max_concurrency: int, max_retries: int, timeout_s: float, max_response_bytes: int) -> None:
     """ValueError naming the first setting out of range."""
@@ -335,7 +356,8 @@ class OpenAIBackend:
                  api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 8,
                  requests_per_second: float | None = None, timeout_s: float = 60.0, max_retries: int = 4,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_retry_after_s: float = 60.0,
-                 seed: int = 0, cache: JudgeCache | None = None, max_response_bytes: int = MAX_RESPONSE_BYTES):
+                 seed: int = 0, cache: JudgeCache | None = None, max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 label: str | None = None):
         _check_settings(max_concurrency, max_retries, timeout_s, max_response_bytes)
         self._owns_client = client is None
         self.max_response_bytes = int(max_response_bytes)
@@ -345,6 +367,9 @@ class OpenAIBackend:
         self.model = model
         self.base_url = str(base_url or getattr(self.client, "base_url", "") or "").rstrip("/")
         self.identity = f"openai:{model}@{self.base_url}"
+        # a judge's backend is labelled with the judge's name: only those use the installed ledger (an agent
+        # played by an endpoint samples; its answers are not judgments to read back)
+        self.label = label
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -480,17 +505,48 @@ class OpenAIBackend:
 
         Raises judges.model.cache.CacheMiss when the cache is in replay_strict mode and has no entry.
         """
-        if self.cache is not None:
-            cached = self.cache.lookup(request, self.identity)
-            if cached is not None:
-                self.stats["cache_hits"] += 1
-                return cached
+        # read at call time: a command installs its ledger after some judges are built
+        ledger = ledgers.active() if self.cache is None and self.label is not None else None
+        cached = await self._lookup(request, ledger)
+        if cached is not None:
+            self.stats["cache_hits"] += 1
+            return cached
         response = await self._complete_uncached(request)
         if response.status != "ok":
             self.stats["failed"] += 1
         if self.cache is not None:
             self.cache.store(request, self.identity, response)
+        elif ledger is not None:
+            await _awaited(ledger.record(request, self.identity, self.label, response))
         return response
+
+    async def _lookup(self, request: ChatRequest, ledger) -> ChatResponse | None:
+        """The cached answer from this backend's cache, else from the installed ledger (None: ask)."""
+        if self.cache is not None:
+            return self.cache.lookup(request, self.identity)
+        if ledger is not None:
+            return await _awaited(ledger.lookup(request, self.identity, self.label))
+        return None
+
+    async def probe(self, timeout_s: float = 10.0) -> str | None:
+        """Whether the endpoint answers at all: None, or the error (one line). Lists its models (no tokens
+        spent, nothing a judgment could reuse); an endpoint without that route (404) is asked for one token.
+        No retries: a probe is there to fail fast."""
+        client = self._client_for_running_loop()
+        try:
+            await asyncio.wait_for(client.models.list(), timeout=min(timeout_s, self.timeout_s))
+            return None
+        except Exception as exc:  # noqa: BLE001 - every failure is the probe's answer
+            failure = classify_error(exc)
+            if not failure.error.startswith("404:"):
+                return _with_cause(failure.error, exc)
+        try:
+            create = client.chat.completions.create(model=self.model, max_tokens=1,
+                                                    messages=[{"role": "user", "content": "Say OK."}])
+            await asyncio.wait_for(create, timeout=min(timeout_s, self.timeout_s))
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return _with_cause(classify_error(exc).error, exc)
 
     async def complete_many(self, requests: Sequence[ChatRequest],
                             progress: Callable[[int, int], None] | None = None) -> list[ChatResponse]:

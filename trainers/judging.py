@@ -1,0 +1,111 @@
+"""The judge calls of a command (`marl run`, `rollout`, `credit`, `eval`): one ledger, a probe, the counts.
+
+    with command_ledger(scenario, cache_path, log) as ledger:   the ledger every judge of the command uses
+        probe_judges(scenario)                                  one probe per endpoint: DeadJudge if one is down
+        ...
+        JudgeCounts(ledger).step()                              judge/<name>/calls, cache_hits, failures, retries
+
+The ledger (judges.model.ledger) caches every judgment by endpoint, model and the whole request in one
+sqlite file, so a resumed run, the counterfactual replays and a second command over the same episodes
+never pay for an answer twice; a failure is never cached. Torch-free: `rollout` and `credit` use it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+CACHE_FILE = "judge_cache.sqlite"  # in a run directory (and beside `marl eval`'s reports)
+
+
+class DeadJudge(ValueError):
+    """A judge endpoint did not answer its probe (the message is one line: endpoint, error, fix)."""
+
+
+def endpoint_judges(spec) -> list:
+    """The scenario's OpenAI-compatible judges that its rewards use, one per endpoint and model."""
+    used = {scorer.kind for layer in ("outcome", "process", "format", "penalties")
+            for scorer in getattr(spec.rewards, layer)}
+    seen, judges = set(), []
+    for judge in spec.judges:
+        key = (judge.model, judge.base_url)
+        if judge.backend == "openai" and judge.name in used and key not in seen:
+            seen.add(key)
+            judges.append(judge)
+    return judges
+
+
+def default_cache_path() -> Path:
+    """Where `marl rollout` and `marl credit` keep judgments by default: $MARL_CACHE (or ~/.cache/marl)."""
+    import os
+
+    return Path(os.environ.get("MARL_CACHE", Path.home() / ".cache" / "marl")) / CACHE_FILE
+
+
+@contextmanager
+def command_ledger(scenario, cache_path: str | Path | None, log=print):
+    """A ledger installed for the block (its cache at `cache_path`; None: counts only), closed after.
+
+    A scenario without endpoint judges gets a ledger with no cache file (nothing to cache)."""
+    from judges.model.ledger import JudgeLedger, installed
+
+    ledger = JudgeLedger(log=log)
+    if cache_path is not None and endpoint_judges(scenario.spec):
+        ledger.open_cache(str(cache_path))
+    with installed(ledger):
+        yield ledger
+
+
+def _fix(judge, error: str) -> str:
+    """What to do about a probe's error."""
+    if error.startswith(("401", "403")):
+        return f"set a valid API key in ${judge.api_key_env or 'OPENAI_API_KEY'}"
+    if error.startswith("404"):
+        return f"check judges[{judge.name}].model and the path of its base_url"
+    return f"start the endpoint, or fix judges[{judge.name}].base_url"
+
+
+def probe_judges(scenario) -> None:
+    """One probe per endpoint the scenario's judges use, all at once; DeadJudge naming the first that
+    does not answer (its URL, the error and the fix) before anything is played."""
+    import asyncio
+
+    from judges.model.backend import run_sync
+    from judges.model.factory import build_backend
+
+    judges = endpoint_judges(scenario.spec)
+    if not judges:
+        return
+    backends = [build_backend(judge.model_dump(), scenario.base_dir) for judge in judges]
+
+    async def probe_all():
+        try:
+            return await asyncio.gather(*(backend.probe() for backend in backends))
+        finally:
+            await asyncio.gather(*(backend.aclose() for backend in backends), return_exceptions=True)
+
+    for judge, backend, error in zip(judges, backends, run_sync(probe_all())):
+        if error is not None:
+            raise DeadJudge(f"judge {judge.name!r}: the endpoint {backend.base_url} (model {judge.model}) does not "
+                            f"answer: {error}; {_fix(judge, error)}")
+
+
+class JudgeCounts:
+    """Per-step figures from a ledger: judge/<name>/{calls, cache_hits, failures, retries} since the last step."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.seen = ledger.counts() if ledger is not None else {}
+
+    def step(self) -> dict[str, float]:
+        """The counts since the last call, as metrics (every judge seen so far, zeros included)."""
+        if self.ledger is None:
+            return {}
+        now = self.ledger.counts()
+        metrics = {}
+        for judge, counts in now.items():
+            before = self.seen.get(judge, {})
+            for name, value in counts.items():
+                metrics[f"judge/{judge}/{name}"] = float(value - before.get(name, 0))
+        self.seen = now
+        return metrics
