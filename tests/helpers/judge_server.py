@@ -18,6 +18,8 @@ json (and so the openai client) reads back, as a faulty server would send them.
 `default` may also be a callable(request_json) -> behaviour. `models`, when given, makes requests for
 any other model a 404 `model_not_found` (as real endpoints do). `latency_s` is added to every chat
 request. Counters: `requests`, `in_flight`, `max_in_flight`, and `bodies` (the parsed requests).
+`fail(behaviour)` makes every chat request answer `behaviour` (ahead of the script) until `fail(None)`:
+an endpoint that goes down and comes back on the test's command. `GET /v1/models` is not counted.
 
     with JudgeServer(default=("ok", "[[A]]"), latency_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.url, api_key="x")
@@ -93,6 +95,7 @@ class JudgeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        self.failing: Behaviour | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._httpd: _Server | None = None
@@ -108,6 +111,11 @@ class JudgeServer:
         """Append behaviours to the script."""
         with self._lock:
             self.script.extend(behaviours)
+
+    def fail(self, behaviour: Behaviour | None) -> None:
+        """Answer every chat request with `behaviour` from now on (None: answer normally again)."""
+        with self._lock:
+            self.failing = behaviour
 
     def reset_counters(self) -> None:
         """Zero the request counters (the script is kept)."""
@@ -138,6 +146,8 @@ class JudgeServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.bodies.append(body)
+            if self.failing is not None:
+                return self.failing
             if self.script:
                 return self.script.popleft()
         return self.default(body) if callable(self.default) else self.default

@@ -79,6 +79,38 @@ def add_play_arguments(parser, episodes: int) -> None:
                         help="override a scenario key, e.g. --set credit.method=shapley")
 
 
+JUDGE_CACHE_HELP = ("where judgments of the scenario's endpoint judges are cached (sqlite, keyed by endpoint, model and "
+                    "the whole request; failures are never cached), or 'off'; default: {default}")
+
+
+def add_judge_cache_argument(parser, default: str) -> None:
+    """--judge-cache PATH|off, its default described in --help."""
+    parser.add_argument("--judge-cache", metavar="PATH|off", help=JUDGE_CACHE_HELP.format(default=default))
+
+
+def judge_cache_path(value: str | None, default):
+    """The cache file --judge-cache asks for: None for 'off', `default` when not given."""
+    if value is None:
+        return default
+    return None if value.strip().lower() == "off" else value
+
+
+@contextmanager
+def judged(scenario, cache_path):
+    """The command's judge ledger (cache at `cache_path`, health lines on stderr) after one probe per
+    endpoint: a judge endpoint that is down is one line and exit 2 (UsageError) before anything plays."""
+    from trainers.judging import DeadJudge, command_ledger, probe_judges
+
+    with usage_errors(DeadJudge):
+        probe_judges(scenario)
+    from judges.model.ledger import format_counts
+
+    with command_ledger(scenario, cache_path, log=lambda line: print(line, file=sys.stderr)) as ledger:
+        yield ledger
+        if ledger.counts():  # what the judges cost: calls sent, answers read back, failures
+            print(format_counts(ledger.counts()), file=sys.stderr)
+
+
 def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
     """The scenario, the policy, an env, and the tasks to play (held-out tasks first); torch-free."""
     from marl.env import make_env

@@ -6,7 +6,7 @@ import math
 import statistics
 
 from marl.options import ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, one_of
-from trainers.cli.common import add_play_arguments, setup_play, usage_errors
+from trainers.cli.common import add_judge_cache_argument, add_play_arguments, judge_cache_path, judged, setup_play, usage_errors
 
 CREDIT_FLAGS = ("method", "estimator", "absent", "budget", "rollouts")  # each one is a credit.<flag> override
 
@@ -21,18 +21,21 @@ def add_parser(commands) -> None:
     credit.add_argument("--absent", help=one_of(ABSENT_MODES))
     credit.add_argument("--budget", type=int, help="coalition evaluations per episode")
     credit.add_argument("--rollouts", type=int, help="seeded rollouts per coalition")
+    add_judge_cache_argument(credit, "$MARL_CACHE/judge_cache.sqlite (~/.cache/marl), shared with marl rollout")
     credit.set_defaults(handler=run)
 
 
 def run(args) -> int:
     """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
     from marl.credit.coalitions import episode_credit
+    from trainers.judging import default_cache_path
 
     overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in CREDIT_FLAGS
                                   if getattr(args, key) is not None]
     with usage_errors(ValueError, FileNotFoundError):  # a bad policy, file or --episodes: one line
         scenario, policy, env, tasks = setup_play(args.file, overrides, args.policy, args.seed, args.episodes)
-        results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
+        with judged(scenario, judge_cache_path(args.judge_cache, default_cache_path())):  # replays read the cache
+            results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
         _print_credit_table(scenario, args.policy, results)
     return 0
 

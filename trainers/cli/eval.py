@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainers.cli.common import UsageError, add_scenario_arguments, quiet_libraries, training_errors, usage_errors
+from trainers.cli.common import (UsageError, add_judge_cache_argument, add_scenario_arguments, judge_cache_path, judged,
+                                  quiet_libraries, training_errors, usage_errors)
 
 
 def add_parser(commands) -> None:
@@ -42,6 +43,8 @@ def add_parser(commands) -> None:
                           help="per-turn token budgets, e.g. 8,16,32: the held-out set is also played at each "
                                "(temperature 0) and the thinking-budget curve written as budget_curve.json, "
                                ".md and .png beside eval.json")
+    add_judge_cache_argument(evaluate, "judge_cache.sqlite in --out's folder (with --checkpoint RUN_DIR and no --out: "
+                                       "the run's own cache, so the judgments the run paid for are read back)")
     evaluate.set_defaults(handler=run)
 
 
@@ -49,6 +52,7 @@ def run(args) -> int:
     """Validate the scenario, load the checkpoint's models, evaluate, print a table, write the reports."""
     from marl.scenario.load import load_scenario
     from trainers.evaluate import evaluate_checkpoint
+    from trainers.judging import CACHE_FILE
     from trainers.runs.layout import resolve_checkpoint, run_dir_of
 
     from trainers.team.budgets import parse_budgets
@@ -64,11 +68,12 @@ def run(args) -> int:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
     with usage_errors(*training_errors()):
         checkpoint = resolve_checkpoint(args.checkpoint)
-        result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
-                                     credit=not args.no_credit, retries=args.retries, played_by=played_by,
-                                     budgets=budgets)
+        out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
+        with judged(scenario, judge_cache_path(args.judge_cache, out / CACHE_FILE)):  # a dead judge: exit 2 first
+            result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
+                                         credit=not args.no_credit, retries=args.retries, played_by=played_by,
+                                         budgets=budgets)
     curve = result.pop("budget_curve", None)
-    out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
     json_path, md_path = _write(result, out)
     print(eval_table(result))
     print(f"wrote {json_path} and {md_path}")

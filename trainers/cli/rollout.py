@@ -15,7 +15,8 @@ import statistics
 
 from pathlib import Path
 
-from trainers.cli.common import UsageError, add_play_arguments, setup_play, usage_errors
+from trainers.cli.common import (UsageError, add_judge_cache_argument, add_play_arguments, judge_cache_path, judged,
+                                  setup_play, usage_errors)
 
 
 def add_parser(commands) -> None:
@@ -31,6 +32,7 @@ def add_parser(commands) -> None:
                                                        "the one the adapter names)")
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
+    add_judge_cache_argument(rollout, "$MARL_CACHE/judge_cache.sqlite (~/.cache/marl), shared with marl credit")
     rollout.set_defaults(handler=run)
 
 
@@ -55,19 +57,27 @@ def run(args) -> int:
                                      "LoRA adapter)") from None
                 raise
         means = []
-        for index, task in enumerate(tasks):
-            result = rollout(env, policy, task=task, seed=args.seed + index)
-            means.append(statistics.fmean(result.rewards.values()) if scenario.spec.mode == "cooperative"
-                         else max(b.total for b in result.breakdown.values()))
-            if not args.quiet:
-                print_episode(result)
-            if args.credit and not args.quiet:
-                _print_episode_credit(env, policy, task, args.seed + index)
+        with judged(scenario, _judge_cache(args)):  # a dead judge: one line, exit 2, before any episode
+            for index, task in enumerate(tasks):
+                result = rollout(env, policy, task=task, seed=args.seed + index)
+                means.append(statistics.fmean(result.rewards.values()) if scenario.spec.mode == "cooperative"
+                             else max(b.total for b in result.breakdown.values()))
+                if not args.quiet:
+                    print_episode(result)
+                if args.credit and not args.quiet:
+                    _print_episode_credit(env, policy, task, args.seed + index)
     valid = [m for m in means if not math.isnan(m)]
     summary = {"scenario": scenario.spec.name, "policy": args.policy, "episodes": len(means),
                "mean_reward": statistics.fmean(valid) if valid else None, "masked": len(means) - len(valid)}
     print(json.dumps(summary))
     return 0
+
+
+def _judge_cache(args):
+    """--judge-cache, else the user's judge cache (judgments are keyed by the whole request: safe to share)."""
+    from trainers.judging import default_cache_path
+
+    return judge_cache_path(args.judge_cache, default_cache_path())
 
 
 def is_model_directory(policy: str) -> bool:
