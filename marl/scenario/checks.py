@@ -2,6 +2,7 @@
 
 - Observation templates: only the known fields, no positional or attribute/index fields, no format
   spec wider than `MAX_TEMPLATE_WIDTH` (`{prompt:>2000000000}` would allocate 2 GB per observation).
+- Endpoint URLs (`base_url`): http(s) with a host, so a missing scheme fails validation, not every call.
 - Patterns (`graph.end_on`): compiled with RE2 now, so a bad one is a located problem, not a crash.
 - Tool functions: model-written arguments reach them, so they must be defined in a `.py` file inside
   the scenario's own folder or in an allow-listed module (`ALLOWED_TOOL_MODULES`); `os:system`,
@@ -16,6 +17,7 @@ import itertools
 import re
 import string
 import threading
+import urllib.parse
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -50,6 +52,16 @@ def template_problems(template: str, agent_names: list[str]) -> list[str]:
     return problems
 
 
+def task_fields(template: str) -> list[str]:
+    """The metadata keys a template reads as {task.KEY}, in order (none when it does not parse)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return []
+    found = [_DOTTED_FIELD.fullmatch(field) for _, field, _, _ in parsed if field]
+    return list(dict.fromkeys(match.group(2) for match in found if match and match.group(1) == "task"))
+
+
 def _field_problem(field: str, agent_names: list[str]) -> str | None:
     known = ", ".join(f"{{{name}}}" for name in PLAIN_FIELDS) + ", {task.KEY}, {msg.AGENT}"
     if field in PLAIN_FIELDS:
@@ -74,6 +86,23 @@ def _spec_problem(field: str, spec: str) -> str | None:
         format("", spec)
     except ValueError as error:
         return f"{{{field}:{spec}}}: {error} (fields are text: use e.g. {{{field}:>20}} or no spec)"
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an endpoint's http(s) URL with a host (and a numeric port, if any), or None.
+
+    Checked at validation: an OpenAI client given `localhost:8000/v1` fails every call, and a run would
+    otherwise play on with every judgment masked.
+    """
+    parsed = urllib.parse.urlsplit(url.strip())
+    example = f"http://{url.strip()}" if "://" not in url else "http://127.0.0.1:8000/v1"
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"expected an http:// or https:// URL with a host, e.g. {example}"
+    try:
+        parsed.port  # noqa: B018 - urllib checks the port only when it is read
+    except ValueError:
+        return f"the port of {url!r} is not a number from 0 to 65535 (e.g. http://127.0.0.1:8000/v1)"
     return None
 
 

@@ -12,6 +12,7 @@ fixes a file in one go. Each is printed as `FILE:LINE:COL: key.path: what is wro
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,6 +42,7 @@ class Scenario:
     base_dir: Path
     file: str = "<scenario>"
     positions: dict = field(default_factory=dict, compare=False, repr=False)  # key path -> (line, column)
+    overridden: dict = field(default_factory=dict, compare=False, repr=False)  # key path -> its `--set` item
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, reference: str):
@@ -53,9 +55,15 @@ class Scenario:
         return scenario_checks.resolve_tool(reference, self.base_dir)
 
     def tasks(self) -> list[Task]:
-        """Every task of the scenario (inline, JSONL or generated), loaded once."""
+        """Every task of the scenario (inline, JSONL or generated), loaded and checked once: ScenarioError
+        when what the tasks really hold does not fit the scenario (`task_problems`)."""
         if "tasks" not in self._cache:
-            self._cache["tasks"] = load_tasks(self)
+            tasks = load_tasks(self)
+            problems = [Problem(*where(path, self.positions, self.file, self.overridden), path, message)
+                        for path, message in task_problems(self, tasks)]
+            if problems:
+                raise ScenarioError(problems)
+            self._cache["tasks"] = tasks
         return self._cache["tasks"]
 
     def split(self) -> tuple[list[Task], list[Task]]:
@@ -114,8 +122,9 @@ def _read_text(path: Path) -> str:
     return decode_yaml_bytes(data)
 
 
-def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden: set) -> Scenario:
-    scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions)
+def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden) -> Scenario:
+    scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions,
+                        overridden=dict(overridden) if isinstance(overridden, dict) else {})
     problems = [Problem(*where(path, positions, file, overridden), path, message)
                 for path, message in check_semantics(scenario)]
     if problems:
@@ -300,6 +309,38 @@ def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple
             problems.append((("agents", index, "observation"), "{state} is a game's state, and this scenario has no "
                              "referee (add `referee: module:function`, or drop {state})"))
     return problems
+
+
+def task_problems(scenario: Scenario, tasks: list[Task]) -> list[tuple[tuple, str]]:
+    """What the tasks the scenario really produces (a generator's too: it has run) leave the run unable to
+    do, as (key path, message): a held-out count that leaves no task to train on, and a `{task.KEY}` in an
+    observation template that no task's metadata has (the agent would see an empty string there)."""
+    problems = []
+    held_out = scenario.spec.tasks.eval_count
+    if held_out >= len(tasks):
+        problems.append((("tasks", "eval_count"), f"eval_count {held_out} holds out every one of the {len(tasks)} "
+                         f"task(s), leaving none to train on (set it to at most {len(tasks) - 1}, or add tasks)"))
+    keys = set()
+    for task in tasks:  # a variant may set metadata of its own (marl.env plays it in the task's place)
+        keys.update(task.metadata)
+        keys.update(key for variant in task.variants if isinstance(variant, dict)
+                    for key in variant.get("metadata") or {})
+    for index, agent in enumerate(scenario.spec.agents):
+        for key in scenario_checks.task_fields(agent.observation or ""):
+            if key not in keys:
+                problems.append((("agents", index, "observation"), _missing_key_message(key, keys)))
+    return problems
+
+
+def _missing_key_message(key: str, keys: set) -> str:
+    """{task.KEY} names a metadata key no task has: the keys the tasks do have, and the closest of them."""
+    if not keys:
+        return f"{{task.{key}}}: the tasks have no metadata, so it would always be empty (add metadata: " \
+               f"{{{key}: ...}} to the tasks, or use {{prompt}})"
+    close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+    guess = f"did you mean {{task.{close[0]}}}? " if close else ""
+    return f"{{task.{key}}}: no task has metadata key {key!r}, so it would always be empty ({guess}the tasks' " \
+           f"keys: {', '.join(sorted(keys))})"
 
 
 def load_tasks(scenario: Scenario) -> list[Task]:

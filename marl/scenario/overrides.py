@@ -40,15 +40,39 @@ def split_override(item: str, example: str) -> tuple[str, tuple]:
     return key.strip(), path
 
 
-def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, set]:
-    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set.
+def set_flag_problem(argv: list[str]) -> str | None:
+    """One line for the first `--set` on a command line that is not one KEY=VALUE word, else None.
+
+    `--set train.steps 50` would otherwise reach argparse as a flag and a stray argument ("unrecognized
+    arguments: 50"); this names the `--set` and writes the fix. A `--set` with no value at all is left
+    to argparse, which says so.
+    """
+    for index, arg in enumerate(argv):
+        if arg == "--set" and index + 1 < len(argv) and not argv[index + 1].startswith("-"):
+            item, following = argv[index + 1], argv[index + 2:index + 3]
+        elif arg.startswith("--set="):
+            item, following = arg.removeprefix("--set="), argv[index + 1:index + 2]
+        else:
+            continue
+        if "=" in item:
+            continue
+        key = item.strip() or "train.steps"
+        value = following[0] if following and not following[0].startswith("-") else "VALUE"
+        return (f"--set {item}: expected KEY=VALUE as one word (no spaces around '='; quote an item whose "
+                f"value has spaces), e.g. --set {key}={value}")
+    return None
+
+
+def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") -> tuple[dict, dict]:
+    """Apply `a.b=value` overrides (value parsed as YAML) to a copy of data; return it and the paths set,
+    each mapped to the `KEY=VALUE` item that set it (so a problem can quote what the user typed).
 
     A path may go through mappings (created when missing) and existing list entries (`agents.0.name`);
     anything else (`name.x`, `agents.9.name`, a value that is not YAML) is a ScenarioError located at
     that `--set`. Unknown keys are left for the schema to report.
     """
     data = copy.deepcopy(data)
-    overridden = set()
+    overridden = {}
     for item in overrides:
         try:
             key, path = split_override(item, "train.lr=1e-4")
@@ -61,7 +85,7 @@ def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") 
             raise _override_error(file, key, f"--set {item!r}: the value is not valid YAML ({error.message}); "
                                              "quote text, e.g. KEY=\"'[1'\"") from None
         _set_path(data, path, value, item, file)
-        overridden.add(path)
+        overridden[path] = item
     return data, overridden
 
 

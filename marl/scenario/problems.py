@@ -8,6 +8,7 @@ and column in the file.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,25 @@ class ScenarioError(Exception):
         self.problems = problems
 
 
-def where(path: tuple, positions: dict, file: str, overridden: set) -> tuple[str, int, int]:
-    """(file label, line, column) of a key path: the `--set` that gave it, else its place in the file."""
+def override_of(path: tuple, positions: dict, overridden) -> tuple | None:
+    """The key path of the `--set` that gave `path`: one that set it or a section above it, or, for a key
+    the file does not have, one that set a key below it (`--set trian.steps=5` made the key `trian`)."""
+    path = tuple(path)
     for prefix in overridden:
-        if tuple(path[:len(prefix)]) == prefix:
-            return f"{file} (--set {'.'.join(map(str, prefix))})", 0, 0
+        if path[:len(prefix)] == prefix:
+            return prefix
+    if path and path not in positions:
+        for prefix in overridden:
+            if prefix[:len(path)] == path:
+                return prefix
+    return None
+
+
+def where(path: tuple, positions: dict, file: str, overridden) -> tuple[str, int, int]:
+    """(file label, line, column) of a key path: the `--set` that gave it, else its place in the file."""
+    prefix = override_of(path, positions, overridden)
+    if prefix is not None:
+        return f"{file} (--set {'.'.join(map(str, prefix))})", 0, 0
     line, column = locate(positions, path)
     return file, line, column
 
@@ -97,8 +112,7 @@ def _shape_problem(error: dict, schema, data, positions, file, overridden) -> Pr
     kind, loc = error["type"], tuple(error["loc"])
     path = _data_path(loc, data)
     if kind == "extra_forbidden":
-        allowed = ", ".join(_allowed_keys(schema, path[:-1]))
-        message = f"unknown key {path[-1]!r} (remove it or fix its spelling; allowed here: {allowed})"
+        message = _unknown_key_message(path, _allowed_keys(schema, path[:-1]), positions, overridden)
     elif kind == "missing":
         message = f"required key {loc[-1]!r} is missing (add it)"
         path = path if path and path[-1] == loc[-1] else path + (loc[-1],)
@@ -111,3 +125,15 @@ def _shape_problem(error: dict, schema, data, positions, file, overridden) -> Pr
             message += "; --set values are YAML, where null and ~ mean nothing: quote a word, e.g. KEY=\"'null'\""
     file_label, line, column = where(path, positions, file, overridden)
     return Problem(file_label, line, column, path, message)
+
+
+def _unknown_key_message(path: tuple, allowed: list[str], positions: dict, overridden) -> str:
+    """What is wrong with an unknown key: the `--set` it came from, the close spellings, the keys allowed."""
+    key = str(path[-1])
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    guess = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    prefix = override_of(path, positions, overridden)
+    given = overridden.get(prefix) if prefix is not None and isinstance(overridden, dict) else None
+    if given is not None:  # the user typed it on the command line: quote what they typed
+        return f"unknown key {key!r} in --set {given} ({guess}allowed here: {', '.join(allowed)})"
+    return f"unknown key {key!r} ({guess}remove it or fix its spelling; allowed here: {', '.join(allowed)})"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
@@ -25,6 +25,16 @@ from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_
 from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
                                     ReflectionSpec, SafetySpec, SelfPlaySpec, Strict, TrackingSpec, WarmupSpec)
 
+def _http_url(url: str | None) -> str | None:
+    """An endpoint URL as given, once it parses as http(s) with a host (marl.scenario.checks.url_problem)."""
+    from marl.scenario.checks import url_problem
+
+    if url is not None and (problem := url_problem(url)):
+        raise ValueError(problem)
+    return url
+
+
+EndpointUrl = Annotated[str | None, AfterValidator(_http_url)]  # an OpenAI-compatible endpoint's base URL
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
 MAX_TASKS = 1_000_000  # tasks asked of a generator
@@ -41,7 +51,8 @@ class AgentSpec(Strict):
                                                "'openai:MODEL' (an OpenAI-compatible endpoint, always frozen)")
     trainable: bool = Field(True, description="false freezes this agent: it plays but is never updated "
                                               "(scripted and endpoint policies are always frozen)")
-    base_url: str | None = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL")
+    base_url: EndpointUrl = Field(None, description="with policy 'openai:MODEL': the endpoint's base URL "
+                                                    "(http:// or https://)")
     api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
     tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
     max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn (16 suits "
@@ -208,10 +219,10 @@ class JudgeSpec(Strict):
     """A model judge (meaning given by the judges module)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    backend: Literal["openai", "local", "simulated", "reward_model"] = "openai"
+    backend: Literal["openai", "local", "reward_model"] = "openai"
     model: str = Field(description="the endpoint's model name; for local and reward_model, a directory (relative "
                                    "to the scenario file)")
-    base_url: str | None = None
+    base_url: EndpointUrl = Field(None, description="backend openai: the endpoint's base URL (http:// or https://)")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
     mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"
     rubric: str | None = None
@@ -223,6 +234,17 @@ class JudgeSpec(Strict):
     timeout_s: float = Field(60.0, gt=0)
     device: Literal["cpu", "cuda", "mps", "auto"] = Field("cpu", description="where a reward_model judge runs "
                                                                           "(auto: a GPU when torch sees one)")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _no_simulated_judge_in_a_scenario(cls, backend):
+        # the simulated judge scores by a quality function that only Python can give it, so a scenario that
+        # names it would validate and then fail in the run: refuse it here, with where it can be used
+        if backend == "simulated":
+            raise ValueError("backend 'simulated' needs a quality function, so it runs only from Python "
+                             "(judges.model.simulated.SimulatedClient) and in `marl judges report --simulated`; "
+                             "in a scenario use openai, local or reward_model")
+        return backend
 
     @model_validator(mode="after")
     def _device_is_for_reward_models(self) -> "JudgeSpec":

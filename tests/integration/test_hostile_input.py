@@ -224,6 +224,7 @@ def test_sound_templates_tools_and_overrides_are_still_accepted(tmp_path):
     (tmp_path / "calc_lib.py").write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
     text = _with("  - name: a\n", "  - name: a\n    tools: [add, root]\n    observation: \"{role!r:>20}|{task.x}|"
                                   "{msg.b}|{{literal}}|{prompt}\"\n")
+    text = _with('      answer: "2"\n', '      answer: "2"\n      metadata: {x: "7"}\n', text)  # {task.x} is a key tasks have
     text += ("tools:\n  - name: add\n    function: calc_lib:add\n  - name: root\n    function: math:sqrt\n"
              "train:\n  lr: 1.0e-4\n")
     path = tmp_path / "scenario.yaml"
@@ -234,7 +235,7 @@ def test_sound_templates_tools_and_overrides_are_still_accepted(tmp_path):
     assert scenario.spec.train.steps == 7 and scenario.spec.agents[1].role == "critic"
     env = make_env(scenario)
     observations, _ = env.reset(seed=0)
-    assert observations["a"]["text"].endswith("||{literal}|1+1=")
+    assert observations["a"]["text"].endswith("|7||{literal}|1+1=")
     assert env.tools["a"].get("root").function(9.0) == 3.0
 
 

@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `marl` console script: parse, run the command, turn bad input into exit 2."""
+    from marl.scenario.overrides import set_flag_problem
+
+    problem = set_flag_problem(sys.argv[1:] if argv is None else argv)
+    if problem is not None:  # before argparse, which would call the value a stray argument
+        print(f"marl: error: {problem}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     from marl.scenario.load import ScenarioError
 

@@ -28,7 +28,7 @@ def test_the_good_file_loads(tmp_path):
 
 def test_unknown_key_names_line_path_and_the_allowed_keys(tmp_path):
     problems, file = _problems(tmp_path, GOOD.replace("  - name: b\n", "  - name: b\n    tols: [x]\n"))
-    assert problems == [f"{file}:5:5: agents.1.tols: unknown key 'tols' (remove it or fix its spelling; "
+    assert problems == [f"{file}:5:5: agents.1.tols: unknown key 'tols' (did you mean 'tools'? remove it or fix its spelling; "
                         "allowed here: api_key_env, base_url, chat_template, max_tokens, name, observation, policy, role, tools, "
                         "trainable)"]
 
