@@ -9,7 +9,8 @@ in a scenario's reward spec.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -61,6 +62,35 @@ def passed(score: float, rationale: str = "", **details) -> Judgment:
 def failed(status: str, rationale: str, **details) -> Judgment:
     """A judgment without a score (the scorer could not decide)."""
     return Judgment(status, None, rationale=rationale, details=details)
+
+
+class ScorerError(RuntimeError):
+    """A failure of the scorer itself (a sandbox that cannot start, an endpoint down), not of the
+    candidate: the judgment is failed and masked downstream. `candidate_input` lets it through."""
+
+
+class CandidateError(Exception):
+    """Scoring failed because of what the candidate produced (text no parser survives, a value no
+    comparison survives): the candidate's own failure, scored 0 with this reason, never masked.
+    Rule verifiers turn it into `passed(0.0, reason)`; a scenario's callable scorer may raise it."""
+
+
+@contextmanager
+def candidate_input(what: str) -> Iterator[None]:
+    """Treat any exception raised inside as the candidate's failure: a CandidateError naming `what`
+    and the exception's class (never its message, which may quote the candidate's text).
+
+    Wrap the parsing and comparison of candidate-derived data in it: a candidate must not turn its
+    own 0 into a masked reward by producing input that makes a parser raise (RecursionError on deep
+    nesting, OverflowError on huge numbers, ValueError on int's digit limit, ...). A ScorerError
+    (the scorer's own failure) and a CandidateError pass through unchanged.
+    """
+    try:
+        yield
+    except (ScorerError, CandidateError):
+        raise
+    except Exception as error:  # whatever the candidate's data made our parsing raise
+        raise CandidateError(f"{what} could not be scored ({type(error).__name__})") from error
 
 
 @dataclass(frozen=True)

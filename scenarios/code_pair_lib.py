@@ -101,7 +101,8 @@ FUNCTIONS: list[tuple[str, str, str, list[str], list[str], str]] = [
      ["mean_value([1, 2, 3])"], ["mean_value([])", "mean_value([2.5])", "mean_value([1, 2])"],
      "def mean_value(xs):\n    return sum(xs) / len(xs) if xs else 0.0\n"),
     ("rotate_left", "rotate_left(xs: list, k: int) -> list", "Rotate xs left by k positions (k may exceed len(xs)).",
-     ["rotate_left([1, 2, 3], 1)"], ["rotate_left([], 3)", "rotate_left([1, 2, 3, 4], 6)", "rotate_left([1, 2], 0)"],
+     ["rotate_left([1, 2, 3], 1)"], ["rotate_left([], 3)", "rotate_left([1, 2, 3, 4], 6)", "rotate_left([1, 2], 0)",
+      "rotate_left([1, 2, 3, 4, 5], 7)"],
      "def rotate_left(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n    return xs[k:] + xs[:k]\n"),
     ("longest_word", "longest_word(text: str) -> str",
      "Return the longest whitespace-separated word (the first one on ties), or '' for no words.",
@@ -120,7 +121,8 @@ FUNCTIONS: list[tuple[str, str, str, list[str], list[str], str]] = [
      ["is_anagram('listen', 'silent')"], ["is_anagram('abc', 'abd')", "is_anagram('Dormitory', 'dirty room')", "is_anagram('', '')"],
      "def is_anagram(a, b):\n    norm = lambda s: sorted(s.replace(' ', '').lower())\n    return norm(a) == norm(b)\n"),
     ("clamp_value", "clamp_value(x: int, low: int, high: int) -> int", "Return x limited to the range [low, high].",
-     ["clamp_value(5, 0, 3)"], ["clamp_value(-1, 0, 3)", "clamp_value(2, 0, 3)", "clamp_value(3, 3, 3)"],
+     ["clamp_value(5, 0, 3)"], ["clamp_value(-1, 0, 3)", "clamp_value(2, 0, 3)", "clamp_value(3, 3, 3)",
+                                 "clamp_value(9, 2, 7)"],
      "def clamp_value(x, low, high):\n    return max(low, min(high, x))\n"),
     ("pairwise_diff", "pairwise_diff(xs: list[int]) -> list[int]", "Return the differences xs[i+1] - xs[i].",
      ["pairwise_diff([1, 4, 9])"], ["pairwise_diff([])", "pairwise_diff([5])", "pairwise_diff([3, 1, 4, 1])"],
@@ -140,9 +142,11 @@ FUNCTIONS: list[tuple[str, str, str, list[str], list[str], str]] = [
 
 
 
-# Known-wrong implementations, per function: the first fails the visible example, the second passes it
-# and fails a hidden test (an edge case). They score the tester (tester_tests_valid) and stay outside
-# every sandbox process that runs model-written code.
+# Known-wrong implementations, per function: the first is wrong on the visible example's kind of input,
+# the second passes it and fails a hidden test (an edge case). A task's metadata["mutants"] holds them
+# made to pass the prompt's visible examples (`fit_examples`), so an assert copied from the prompt
+# catches none and earns nothing. They score the tester (tester_tests_valid) and stay outside every
+# sandbox process that runs model-written code.
 MUTANTS: dict[str, tuple[str, str]] = {
     "add_numbers": ("def add_numbers(a, b):\n    return a - b\n", "def add_numbers(a, b):\n    return abs(a) + b\n"),
     "reverse_string": ("def reverse_string(s):\n    return s\n", "def reverse_string(s):\n    return s[::-1].lower()\n"),
@@ -257,9 +261,25 @@ FAMILY_KS = range(2, 14)
 HELD_OUT_FILLS = 20  # family fills held out: the last tasks, where tasks.eval_count takes them from
 
 
+def fit_examples(mutant: str, entry: str, examples: list[str], values: list[str]) -> str:
+    """`mutant` made to return the reference's value (`values`, reprs) on each visible example's
+    arguments, as a coder who fitted the prompt's examples would: a check copied from the prompt
+    (any spelling of the same arguments: keywords, 3.0 for 3) passes it, so it catches nothing.
+    The wrapper keeps the mutant's parameters, so Python binds the call as it would the mutant's."""
+    function = next(node for node in ast.parse(mutant).body
+                    if isinstance(node, ast.FunctionDef) and node.name == entry)
+    params = ", ".join(arg.arg for arg in function.args.args)
+    lines = [mutant.rstrip("\n"), f"_unfitted_{entry} = {entry}", "", "", f"def {entry}({params}):"]
+    for call, value in zip(examples, values):
+        arguments = ast.parse(call, mode="eval").body.args
+        lines += [f"    if ({params},) == {ast.unparse(ast.Tuple(arguments, ast.Load()))}:", f"        return {value}"]
+    return "\n".join(lines + [f"    return _unfitted_{entry}({params})", ""])
+
+
 def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: list[str], solution: str,
           mutants: list[str], task_id: str) -> dict:
-    shown = [f"{call} == {value}" for call, value in zip(examples, _evaluate(solution, examples))]
+    values = _evaluate(solution, examples)
+    shown = [f"{call} == {value}" for call, value in zip(examples, values)]
     return {
         "id": task_id,
         "prompt": f"Write def {signature}. {spec} Example: {'; '.join(shown)}",
@@ -268,7 +288,7 @@ def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: li
             "examples": shown,
             "tests": [{"call": call, "expected": value} for call, value in zip(hidden, _evaluate(solution, hidden))],
             "solution": solution,
-            "mutants": list(mutants),
+            "mutants": [fit_examples(mutant, entry, examples, values) for mutant in mutants],
         },
         "difficulty": float(len(solution.splitlines())),
     }
@@ -306,11 +326,38 @@ def generate_tasks(seed: int, count: int) -> list[dict]:
 
 
 def expert(agent: str, observation: str, task) -> str:
-    """The coder writes the reference solution; the tester checks the visible example and approves."""
+    """The coder writes the reference solution; the tester asserts the hidden tests that catch a
+    known-wrong implementation (the prompt's examples catch none) and approves."""
     if agent == "coder":
         return task.metadata["solution"]
-    checks = "\n".join(f"assert {example}" for example in task.metadata["examples"])
-    return f"{checks}\nAPPROVED"
+    checks = [f"assert {call} == {expected}" for call, expected in discriminating_tests(task.metadata)]
+    entry = task.metadata["entry"]  # only literal arguments earn (tester_call_test): list(range(20)) would not
+    return "\n".join([line for line in checks if tester_call_test(line, entry)][:MAX_CHECKS] + ["APPROVED"])
+
+
+def discriminating_tests(metadata: dict) -> list[tuple[str, str]]:
+    """The (call, expected) hidden tests of a task that at least one of its known-wrong
+    implementations fails, compared as the verifier compares (trusted code, run here)."""
+    from judges.rules.code import values_match
+
+    tests = [(test["call"], test["expected"]) for test in metadata["tests"]]
+    calls = [call for call, _ in tests]
+    outputs = [_evaluate_or_raise(mutant, calls) for mutant in metadata["mutants"]]
+    return [(call, expected) for index, (call, expected) in enumerate(tests)
+            if any(not values_match(output[index], expected) for output in outputs)]
+
+
+def _evaluate_or_raise(solution: str, calls: list[str]) -> list[str]:
+    """Like _evaluate, with a call that raises giving its exception's name (never a literal)."""
+    namespace: dict = {}
+    exec(compile(solution, "<known-wrong>", "exec"), namespace)  # trusted scenario code
+    outputs = []
+    for call in calls:
+        try:
+            outputs.append(repr(eval(call, namespace)))
+        except Exception as error:
+            outputs.append(type(error).__name__)
+    return outputs
 
 
 _ASSERT = re.compile(r"^\s*assert\b.*$", re.MULTILINE)
@@ -319,13 +366,18 @@ MAX_CHECKS = 8
 
 def tester_call_test(line: str, entry: str) -> tuple[str, str] | None:
     """(call, expected) when `line` is `assert entry(<literals>) == <literal>` (either side), with
-    the literals normalised; None for anything else (it can earn no credit)."""
+    the literals normalised; None for anything else (it can earn no credit), including a line the
+    parser cannot handle (deep nesting, a number past int's digit limit): the tester's line, its loss."""
+    try:
+        return _call_test(line, entry)
+    except Exception:  # only the tester's text is parsed here: any failure is a line that earns nothing
+        return None
+
+
+def _call_test(line: str, entry: str) -> tuple[str, str] | None:
     from judges.rules.code_harness import decode_literal
 
-    try:
-        tree = ast.parse(line.strip())
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
+    tree = ast.parse(line.strip())
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert) or tree.body[0].msg is not None:
         return None
     test = tree.body[0].test
@@ -364,24 +416,27 @@ def tester_tests_valid(item, candidate):
     sandbox failure is a failed Judgment, never a number.
     """
     from judges.rules.code_harness import SandboxError, claim_matches
-    from judges.types import failed
+    from judges.types import candidate_input, failed
 
     entry, text = item.metadata.get("entry", ""), candidate.text or ""
-    lines = _ASSERT.findall(text)
-    tests = list(dict.fromkeys(test for test in (tester_call_test(line, entry) for line in lines) if test))
+    with candidate_input("the tester's asserts"):  # a failure parsing them is the tester's 0, never a mask
+        lines = _ASSERT.findall(text)
+        tests = list(dict.fromkeys(test for test in (tester_call_test(line, entry) for line in lines) if test))
     tests = tests[:MAX_CHECKS]
     if not lines or not tests:
         return 0.0
     try:
         reference = _claims(item.metadata["solution"], [call for call, _ in tests], entry)
-        kept = [test for test, claim in zip(tests, reference) if claim_matches(claim, test[1])]
+        with candidate_input("the tester's expected values"):
+            kept = [test for test, claim in zip(tests, reference) if claim_matches(claim, test[1])]
         killed: set = set()
         for mutant in item.metadata.get("mutants", []):
             alive = [test for test in kept if test not in killed]
             if not alive:
                 break
             claims = _claims(mutant, [call for call, _ in alive], entry)
-            killed |= {test for test, claim in zip(alive, claims) if not claim_matches(claim, test[1])}
+            with candidate_input("the tester's expected values"):
+                killed |= {test for test, claim in zip(alive, claims) if not claim_matches(claim, test[1])}
     except SandboxError as error:
         return failed("error", f"sandbox failure: {error}")
     return len(killed) / len(lines)

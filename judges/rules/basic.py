@@ -3,6 +3,9 @@
 Every verifier is a `RuleVerifier` whose `score(item, candidates)` maps `check(item, candidate)`. A
 wrong candidate gets `passed(0.0, why)`; a verifier that cannot decide (no reference answer, a broken
 callable, an unexpected exception) gets `failed(...)`, which downstream is masked, never read as 0.
+What the candidate produced is parsed and compared inside `candidate_input`: an exception there (its
+text made a parser or a comparison raise) is the candidate's failure, a 0 with the reason, so no
+candidate can turn its own 0 into a masked reward.
 
 Answer extraction (`extract_answer`), used by exact, numeric, regex and json_schema:
 1. if the text contains an answer marker (default "Final answer:", "Answer:", "####", any case), what
@@ -23,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from judges.rules.patterns import compile_pattern, escape as pattern_escape
-from judges.types import Candidate, Item, Judgment, failed, passed
+from judges.types import Candidate, CandidateError, Item, Judgment, candidate_input, failed, passed
 
 DEFAULT_MARKERS = ("final answer:", "answer:", "####")
 
@@ -87,13 +90,17 @@ class RuleVerifier:
         raise NotImplementedError
 
     def score(self, item: Item, candidates: Sequence[Candidate]) -> list[Judgment]:
-        """One judgment per candidate; an unexpected exception becomes failed('error'), never 0."""
+        """One judgment per candidate. A CandidateError (the candidate's output made its parsing or
+        comparison fail) is a 0 with its reason; any other exception is the verifier's failure:
+        failed('error'), masked downstream, never 0."""
         judgments = []
         for candidate in candidates:
             try:
                 judgment = self.check(item, candidate)
                 if not isinstance(judgment, Judgment):
                     judgment = failed("error", f"{self.name}: check returned {type(judgment).__name__}")
+            except CandidateError as error:  # the candidate's own failure: the 0 it earned
+                judgment = passed(0.0, f"{self.name}: {error}", candidate_error=True)
             except Exception as error:  # the verifier's failure, not the candidate's
                 judgment = failed("error", f"{self.name}: {type(error).__name__}: {error}")
             judgments.append(judgment)
@@ -138,10 +145,11 @@ class ExactVerifier(RuleVerifier):
         if not self.expected and item.answer is None:
             return failed("error", "no reference answer: the item has no `answer` and no `expected` was given")
         references = self.expected or (str(item.answer),)
-        answer = extract_answer(candidate.text, self.markers)
-        if any(self.normalise(answer) == self.normalise(reference) for reference in references):
-            return passed(1.0, "exact match", answer=answer)
-        return passed(0.0, f"answer {answer[:80]!r} does not match the reference", answer=answer)
+        with candidate_input("the answer"):
+            answer = extract_answer(candidate.text, self.markers)
+            if any(self.normalise(answer) == self.normalise(reference) for reference in references):
+                return passed(1.0, "exact match", answer=answer)
+            return passed(0.0, f"answer {answer[:80]!r} does not match the reference", answer=answer)
 
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?", re.IGNORECASE)
@@ -187,15 +195,16 @@ class NumericVerifier(RuleVerifier):
     def check(self, item: Item, candidate: Candidate) -> Judgment:
         reference_text = self.expected if self.expected is not None else item.answer
         reference = parse_number(str(reference_text)) if reference_text is not None else None
-        if reference is None:
-            return failed("error", f"the reference {reference_text!r} is not a number")
-        answer = extract_answer(candidate.text, self.markers)
-        value = parse_number(answer)
-        if value is None or math.isnan(value):
-            return passed(0.0, f"answer {answer[:80]!r} is not a number", answer=answer)
-        ok = abs(value - reference) <= max(self.abs_tol, self.rel_tol * abs(reference))
-        return passed(1.0 if ok else 0.0, f"{value:g} {'is' if ok else 'is not'} within tolerance of {reference:g}",
-                      answer=answer, value=value)
+        if reference is None or not math.isfinite(reference):  # an infinite reference: any number is "within"
+            return failed("error", f"the reference {str(reference_text)[:80]!r} is not a finite number")
+        with candidate_input("the answer"):
+            answer = extract_answer(candidate.text, self.markers)
+            value = parse_number(answer)
+            if value is None or math.isnan(value):
+                return passed(0.0, f"answer {answer[:80]!r} is not a number", answer=answer)
+            ok = abs(value - reference) <= max(self.abs_tol, self.rel_tol * abs(reference))  # inf - inf: NaN, not ok
+            return passed(1.0 if ok else 0.0, f"{value:g} {'is' if ok else 'is not'} within tolerance of "
+                          f"{reference:g}", answer=answer, value=value)
 
 
 class RegexVerifier(RuleVerifier):
@@ -220,12 +229,13 @@ class RegexVerifier(RuleVerifier):
             if item.answer is None:
                 return failed("error", "the pattern uses {answer} but the item has no answer")
             pattern = pattern.replace("{answer}", pattern_escape(str(item.answer)))
-        answer = (candidate.text or "").strip() if self.whole_text else extract_answer(candidate.text, self.markers)
         try:
             compiled = compile_pattern(pattern, dot_all=True, ignore_case=self.ignore_case)
         except ValueError as error:
             return failed("error", str(error))
-        ok = compiled.fullmatch(answer) is not None
+        with candidate_input("the answer"):
+            answer = (candidate.text or "").strip() if self.whole_text else extract_answer(candidate.text, self.markers)
+            ok = compiled.fullmatch(answer) is not None
         return passed(1.0 if ok else 0.0, f"{answer[:80]!r} {'matches' if ok else 'does not match'} {pattern!r}",
                       answer=answer)
 
@@ -248,7 +258,8 @@ class ContainsVerifier(RuleVerifier):
     def check(self, item: Item, candidate: Candidate) -> Judgment:
         text = candidate.text or ""
         fold = (lambda value: value) if self.case_sensitive else str.casefold
-        found = [s for s in self.substrings if fold(s) in fold(text)]
+        with candidate_input("the text"):
+            found = [s for s in self.substrings if fold(s) in fold(text)]
         missing = [s for s in self.substrings if s not in found]
         ok = not missing if self.mode == "all" else bool(found)
         return passed(1.0 if ok else 0.0, f"found {len(found)}/{len(self.substrings)} ({self.mode})",
@@ -364,17 +375,20 @@ class JSONSchemaVerifier(RuleVerifier):
         self.schema, self.markers = schema, _strings(markers, "markers")
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
-        try:
-            value = extract_json(candidate.text, self.markers)
-        except ValueError:
-            return passed(0.0, "no parsable JSON in the answer")
-        error = validate_json(value, self.schema)
-        return passed(0.0 if error else 1.0, error or "valid", value=value)
+        with candidate_input("the JSON answer"):
+            try:
+                value = extract_json(candidate.text, self.markers)
+            except ValueError:
+                return passed(0.0, "no parsable JSON in the answer")
+            error = validate_json(value, self.schema)  # deep nesting: RecursionError, the candidate's 0
+            return passed(0.0 if error else 1.0, error or "valid", value=value)
 
 
 class CallableVerifier(RuleVerifier):
     """A Python function `fn(item, candidate)` returning a bool, a number in [0, 1] or a Judgment.
-    A return outside that (None, NaN, 1.5, a string) is the function's failure: failed('error')."""
+    A return outside that (None, NaN, 1.5, a string) is the function's failure: failed('error'), as
+    is an exception it raises, except a judges.types.CandidateError (raise it, or parse the
+    candidate's output inside `candidate_input`, for a failure the candidate caused: a 0)."""
 
     kind = "callable"
 
@@ -422,8 +436,9 @@ class ToolUseVerifier(RuleVerifier):
         self.ordered, self.caller = ordered, caller
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
-        calls = [call.name for call in candidate.tool_calls
-                 if call.ok and (self.caller is None or call.agent == self.caller)]
+        with candidate_input("the tool calls"):
+            calls = [str(call.name) for call in candidate.tool_calls
+                     if call.ok and (self.caller is None or call.agent == self.caller)]
         banned = sorted(set(calls) & set(self.forbidden))
         if banned:
             return passed(0.0, f"called forbidden tools {banned}", calls=calls)
@@ -455,8 +470,9 @@ class ProcessVerifier(RuleVerifier):
                                          ignore_case=True) for marker in self.markers]
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
-        text = process_text(candidate)
-        found = [marker for marker, pattern in zip(self.markers, self.patterns) if pattern.search(text)]
+        with candidate_input("the reasoning"):
+            text = process_text(candidate)
+            found = [marker for marker, pattern in zip(self.markers, self.patterns) if pattern.search(text)]
         return passed(len(found) / len(self.markers), f"{len(found)}/{len(self.markers)} process markers found",
                       found=found, missing=[m for m in self.markers if m not in found])
 
@@ -490,7 +506,8 @@ class FormatVerifier(RuleVerifier):
         return {name: test() for name, (configured, test) in checks.items() if configured}
 
     def check(self, item: Item, candidate: Candidate) -> Judgment:
-        checks = self._checks(candidate.text or "")
+        with candidate_input("the text"):
+            checks = self._checks(candidate.text or "")
         failures = [name for name, ok in checks.items() if not ok]
         return passed(1 - len(failures) / len(checks), f"failed: {failures}" if failures else "format ok",
                       checks=checks)

@@ -41,7 +41,7 @@ from judges.rules import code_harness as harness
 from judges.rules.code_harness import Claim, Evaluation, decode_literal, equal, is_literal
 from judges.rules.basic import RuleVerifier
 from judges.rules.sandbox import SandboxError
-from judges.types import Candidate, Item, Judgment, failed, passed
+from judges.types import Candidate, Item, Judgment, candidate_input, failed, passed
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _PLACEHOLDER = "__marl_value_{}"
@@ -190,7 +190,8 @@ def check_statements(batch: list[tuple[str, list[Claim]]], *, timeout_s: float, 
     """Run each (rewritten statement, claims of its expressions) in a sandbox process that holds no
     candidate code, only the claimed values re-written as literals; per statement, "pass" or
     "raise <built-in exception name or ?>" ("missing" when the run ended first). SandboxError propagates."""
-    cases = [(check, [repr(decode_literal(claim.text)) for claim in claims]) for check, claims in batch]
+    with candidate_input("the values the code returned"):
+        cases = [(check, [repr(decode_literal(claim.text)) for claim in claims]) for check, claims in batch]
     result = harness.run_python(_CHECKER.replace("__CASES__", repr(cases)), timeout_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb,
                                 output_limit=64_000, channel=True)
     outcomes = ["missing"] * len(batch)
@@ -251,7 +252,8 @@ class CodeTestsVerifier(RuleVerifier):
             return failed("error", str(error))
         if not cases:
             return failed("error", "the test list is empty")
-        code = extract_code(candidate.text, entry)
+        with candidate_input("the answer's code"):
+            code = extract_code(candidate.text, entry)
         if not code.strip():
             return passed(0.0, "no code in the answer")
         try:
@@ -280,6 +282,22 @@ class CodeTestsVerifier(RuleVerifier):
         return None
 
     def _grade(self, cases: list[TestCase], evaluation: Evaluation) -> Judgment:
+        with candidate_input("the values the code returned"):
+            results, batch = self._compare(cases, evaluation)
+        if batch:
+            outcomes = check_statements([(check, claims) for _, check, claims in batch],
+                                        timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            for (index, _, _), outcome in zip(batch, outcomes):
+                results[index].update(passed=outcome == "pass", outcome=outcome)
+        count = sum(result["passed"] for result in results)
+        score = float(count == len(cases)) if self.require_all else count / len(cases)
+        return passed(score, f"{count}/{len(cases)} hidden tests passed", passed_tests=count, total=len(cases),
+                      results=results, sandbox_layers=list(evaluation.layers))
+
+    @staticmethod
+    def _compare(cases: list[TestCase], evaluation: Evaluation) -> tuple[list[dict], list[tuple]]:
+        """Per test, whether its value claim matches; statement tests whose claims are all plain data
+        go in the batch for check_statements (they fail here until it says otherwise)."""
         results, batch, position = [], [], 0
         for index, case in enumerate(cases):
             claims = evaluation.claims[position:position + len(case.calls)]
@@ -293,12 +311,4 @@ class CodeTestsVerifier(RuleVerifier):
                 results.append({"index": index, "passed": False, "returned": shown})
             else:
                 results.append({"index": index, "passed": False, "returned": shown})
-        if batch:
-            outcomes = check_statements([(check, claims) for _, check, claims in batch],
-                                        timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-            for (index, _, _), outcome in zip(batch, outcomes):
-                results[index].update(passed=outcome == "pass", outcome=outcome)
-        count = sum(result["passed"] for result in results)
-        score = float(count == len(cases)) if self.require_all else count / len(cases)
-        return passed(score, f"{count}/{len(cases)} hidden tests passed", passed_tests=count, total=len(cases),
-                      results=results, sandbox_layers=list(evaluation.layers))
+        return results, batch

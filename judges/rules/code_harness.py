@@ -27,10 +27,12 @@ from __future__ import annotations
 import ast
 import builtins
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any
 
 from judges.rules.sandbox import SandboxError, run_python
+from judges.types import candidate_input
 
 REPR_LIMIT = 10_000
 BUILTIN_EXCEPTIONS = frozenset(name for name, value in vars(builtins).items()
@@ -194,7 +196,8 @@ def evaluate(code: str, expressions: list[str], *, entry: str | None = None, tim
     result = run_python(build_program(code, expressions, entry), timeout_s=timeout_s,
                         cpu_s=cpu_s if cpu_s is not None else timeout_s, memory_mb=memory_mb,
                         output_limit=output_limit, channel=True)
-    report = parse_channel(result.channel, len(expressions))
+    with candidate_input("the code's report"):  # bytes the candidate's process wrote: parsing them is its risk
+        report = parse_channel(result.channel, len(expressions))
     if result.status != "ok" and report.status == "ok":
         report.status = result.status  # the records so far stay (a later expression hung or crashed)
     report.blocked, report.stderr, report.layers = result.blocked, result.stderr[-2000:], result.layers
@@ -258,13 +261,26 @@ def equal(got: Any, want: Any) -> bool:
     if isinstance(got, float) or isinstance(want, float):
         if isinstance(got, (int, float)) and isinstance(want, (int, float)):
             both_nan = isinstance(got, float) and isinstance(want, float) and math.isnan(got) and math.isnan(want)
-            return both_nan or got == want or math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+            return both_nan or got == want or _close(got, want)
         return False
     if isinstance(got, (list, tuple)) and type(got) is type(want):
         return len(got) == len(want) and all(equal(g, w) for g, w in zip(got, want))
     if isinstance(got, dict) and isinstance(want, dict):
         return got.keys() == want.keys() and all(equal(got[key], want[key]) for key in got)
     return type(got) is type(want) and got == want if isinstance(got, (set, frozenset, str, bytes)) else got == want
+
+
+def _close(got: int | float, want: int | float) -> bool:
+    """math.isclose (1e-9) of two numbers, one a float; an int too large for a float (10**400) is
+    compared exactly as a fraction, so it is close only to what is as large (never OverflowError)."""
+    try:
+        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+    except OverflowError:
+        if not all(math.isfinite(value) for value in (got, want) if isinstance(value, float)):
+            return False  # inf or nan against an int: never close (equal ints and floats returned above)
+        got_exact, want_exact = Fraction(got), Fraction(want)
+        return abs(got_exact - want_exact) <= max(Fraction(1, 10**9), Fraction(1, 10**9) * max(abs(got_exact),
+                                                                                             abs(want_exact)))
 
 
 def claim_matches(claim: Claim, expected: str) -> bool:

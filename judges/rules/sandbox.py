@@ -46,6 +46,7 @@ from pathlib import Path
 
 from judges.rules import sandbox_child as child
 from judges.rules.sandbox_layers import LAYER_NAMES, child_layer_config
+from judges.types import ScorerError
 
 SANDBOX_STATUSES = ("ok", "error", "timeout", "memory", "killed", "blocked")
 BLOCKED_EXIT = child.BLOCKED_EXIT
@@ -64,7 +65,7 @@ _WORKDIR_PREFIX = "marl_sbx_"
 _BOOTSTRAP = (Path(__file__).with_name("sandbox_child.py")).read_text(encoding="utf-8")
 
 
-class SandboxError(RuntimeError):
+class SandboxError(ScorerError):
     """The sandbox itself failed (the interpreter could not be started): not the candidate's fault."""
 
 

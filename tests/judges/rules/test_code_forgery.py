@@ -62,9 +62,10 @@ def test_the_forging_strategy_earns_nothing_on_every_code_pair_task():
 @pytest.mark.slow
 def test_an_honest_solution_with_good_checks_earns_the_full_team_reward_on_every_task():
     env = make_env("code_pair")
+    expert = env.scenario.resolve("code_pair_lib:expert")
     for task in env.tasks:
         coder = f"```python\n{task.metadata['solution']}```"
-        tester = "\n".join(f"assert {example}" for example in task.metadata["examples"]) + "\nAPPROVED"
+        tester = expert("tester", "", task)  # asserts of hidden tests that catch a known-wrong implementation
         _, breakdown = _episode(env, task, coder, tester)
         assert breakdown.total == 1.0 and breakdown.layers == {"outcome": 1.0, "process": 1.0, "format": None}, \
             (task.id, breakdown.components)
@@ -169,9 +170,11 @@ def test_a_failure_reason_holds_no_text_of_the_candidates_choosing():
     ("assert add_numbers(0, 0) == 0\nAPPROVED", 0.0),  # every known-wrong implementation passes it too
     ("assert add_numbers(__import__('os').getpid(), 0) == 0\nAPPROVED", 0.0),  # code, not data: never run
     ("assert add_numbers(2, 3) == 6\nAPPROVED", 0.0),  # wrong for the reference
-    ("assert add_numbers(2, 3) == 5\nAPPROVED", 1.0),
+    ("assert add_numbers(2, 3) == 5\nAPPROVED", 0.0),  # the prompt's example: every known-wrong one passes it
+    ("assert 5 == add_numbers(b=3, a=2)\nassert add_numbers(2.0, 3) == 5.0\nAPPROVED", 0.0),  # the same, respelt
+    ("assert add_numbers(3, 2) == 5\nAPPROVED", 1.0),
     ("assert add_numbers(-4, 9) == 5\nassert True\nAPPROVED", 0.5),
-    ("assert 5 == add_numbers(b=3, a=2)\nassert add_numbers(2, 3) == 5\nassert add_numbers(2, 3) == 5", 2 / 3),
+    ("assert 5 == add_numbers(b=2, a=3)\nassert add_numbers(3, 2) == 5\nassert add_numbers(2, 3) == 5", 2 / 3),
 ])
 def test_the_tester_earns_only_for_checks_that_catch_a_wrong_implementation(tester, score):
     env = make_env("code_pair")
@@ -193,29 +196,60 @@ def test_the_forging_coder_gets_no_reference_from_the_kernel_layers_alone():
     assert [claim.text for claim in report.claims] == ["NameError", "NameError"]  # nothing was defined
 
 
-def test_every_known_wrong_implementation_is_wrong_where_the_tester_can_see_it_or_not():
+def _outputs(source: str, calls: list[str]) -> list:
+    namespace: dict = {}
+    exec(source, namespace)  # trusted: the scenario's own reference and mutants
+    results = []
+    for call in calls:
+        try:
+            results.append(repr(eval(call, namespace)))
+        except Exception as error:
+            results.append(type(error).__name__)
+    return results
+
+
+def _same(got: list, want: list) -> bool:  # as the verifier compares (2 == 2.0, floats within 1e-9)
+    return all(values_match(g, w) for g, w in zip(got, want))
+
+
+def test_every_known_wrong_implementation_passes_the_prompts_examples_and_fails_a_hidden_test():
+    """An assert copied from the prompt can catch none of them; the hidden tests catch each one."""
     env = make_env("code_pair")
-    lib = env.scenario.resolve("code_pair_lib:generate_tasks").__globals__
+    assert len(env.tasks) == 104
+    for task in env.tasks:
+        meta = task.metadata
+        examples = [example.split(" == ")[0] for example in meta["examples"]]
+        hidden = [test["call"] for test in meta["tests"]]
+        assert len(meta["mutants"]) == 2, task.id
+        for mutant in meta["mutants"]:
+            assert _same(_outputs(mutant, examples), _outputs(meta["solution"], examples)), task.id
+            assert not _same(_outputs(mutant, hidden), _outputs(meta["solution"], hidden)), task.id
 
-    def outputs(source: str, calls: list[str]) -> list:
-        namespace: dict = {}
-        exec(source, namespace)  # trusted: the scenario's own reference and mutants
-        results = []
-        for call in calls:
-            try:
-                results.append(repr(eval(call, namespace)))
-            except Exception as error:
-                results.append(type(error).__name__)
-        return results
 
-    def same(got: list, want: list) -> bool:  # as the verifier compares (2 == 2.0, floats within 1e-9)
-        return all(values_match(g, w) for g, w in zip(got, want))
+def _copying_tester_scores(tasks) -> dict:
+    env = make_env("code_pair")
+    tester_tests_valid = env.scenario.resolve("code_pair_lib:tester_tests_valid")
+    scores = {}
+    for task in tasks:
+        copied = "\n".join(f"assert {example}" for example in task.metadata["examples"]) + "\nAPPROVED"
+        scores[task.id] = tester_tests_valid(Item(task.prompt, metadata=dict(task.metadata)), Candidate(copied))
+    return scores
 
-    for entry, _, _, examples, hidden, solution in lib["FUNCTIONS"]:
-        visible_bug, hidden_bug = lib["MUTANTS"][entry]
-        assert not same(outputs(visible_bug, examples), outputs(solution, examples)), entry
-        assert same(outputs(hidden_bug, examples), outputs(solution, examples)), entry
-        assert not same(outputs(hidden_bug, hidden), outputs(solution, hidden)), entry
+
+def test_a_tester_that_copies_the_prompts_examples_earns_nothing():
+    env = make_env("code_pair")
+    tasks = [env.tasks[index] for index in (0, 1, 2, -1)]  # hand-written functions and family fills
+    assert {t.metadata["entry"] for t in tasks} & {entry for entry, *_ in
+                                                    env.scenario.resolve("code_pair_lib:generate_tasks")
+                                                    .__globals__["FAMILIES"]}
+    assert set(_copying_tester_scores(tasks).values()) == {0.0}
+
+
+@pytest.mark.slow
+def test_a_tester_that_copies_the_prompts_examples_earns_nothing_on_every_task():
+    env = make_env("code_pair")
+    scores = _copying_tester_scores(env.tasks)
+    assert len(scores) == 104 and set(scores.values()) == {0.0}, {k: v for k, v in scores.items() if v != 0.0}
 
 
 def test_malformed_claims_and_a_closed_channel_score_zero_with_a_fixed_reason():

@@ -71,14 +71,14 @@ def test_code_pair_holds_out_family_fills_with_a_constant_their_family_never_tra
     assert not any(t.id in train_ids for t in held_out)  # ids name (family, K): no fill is in both
 
 
-def test_code_pair_family_mutants_are_caught_by_the_visible_example_and_the_hidden_tests():
+def test_code_pair_family_mutants_pass_the_visible_example_and_are_caught_by_the_hidden_tests():
     lib = load_scenario("code_pair").resolve("code_pair_lib:generate_tasks").__globals__
     for task in lib["family_tasks"](0):
         meta = task["metadata"]
         calls = [example.split(" == ")[0] for example in meta["examples"]]
         hidden = [test["call"] for test in meta["tests"]]
         reference = lib["_evaluate"](meta["solution"], calls)
-        assert any(lib["_evaluate"](mutant, calls) != reference for mutant in meta["mutants"]), task["id"]
+        assert all(lib["_evaluate"](mutant, calls) == reference for mutant in meta["mutants"]), task["id"]
         expected = [test["expected"] for test in meta["tests"]]
         assert all(lib["_evaluate"](mutant, hidden) != expected for mutant in meta["mutants"]), task["id"]
 
