@@ -73,7 +73,9 @@ def add_scenario_arguments(parser) -> None:
 def add_play_arguments(parser, episodes: int) -> None:
     """The options shared by commands that play episodes of a scenario with a fixed policy."""
     parser.add_argument("--policy", default="expert", help="expert, null, random or module:function")
-    parser.add_argument("--episodes", type=int, default=episodes, help="episodes to play (held-out tasks first)")
+    parser.add_argument("--episodes", type=int, default=DefaultCount(episodes),
+                        help=f"episodes to play, one per task: held-out tasks first, then training tasks (default "
+                             f"{episodes}, or every task if the scenario has fewer; more than it has is refused)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. --set credit.method=shapley")
@@ -111,8 +113,13 @@ def judged(scenario, cache_path):
             print(format_counts(ledger.counts()), file=sys.stderr)
 
 
+class DefaultCount(int):
+    """--episodes when it was not given: played as asked, or as many as there are tasks if fewer."""
+
+
 def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
-    """The scenario, the policy, an env, and the tasks to play (held-out tasks first); torch-free."""
+    """The scenario, the policy, an env, and the tasks to play, each once (held-out tasks first, then
+    training tasks); torch-free. ValueError when `episodes` asks for more tasks than the scenario has."""
     from marl.env import make_env
     from marl.policies import get_policy
     from marl.scenario.load import load_scenario
@@ -122,4 +129,9 @@ def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
     scenario = load_scenario(file, overrides)
     policy = get_policy(policy_name, scenario, seed=seed)
     train, held_out = scenario.split()
-    return scenario, policy, make_env(scenario), (held_out or train)[:episodes]
+    tasks = held_out + train
+    if episodes > len(tasks) and not isinstance(episodes, DefaultCount):  # never a silent cut to fewer
+        raise ValueError(f"--episodes {episodes}: scenario {scenario.spec.name!r} has {len(tasks)} tasks "
+                         f"({len(held_out)} held out, {len(train)} for training) and plays each once; ask for "
+                         f"--episodes {len(tasks)} or fewer, or raise tasks.count (--set tasks.count=N)")
+    return scenario, policy, make_env(scenario), tasks[:episodes]

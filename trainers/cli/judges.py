@@ -25,6 +25,12 @@ from pathlib import Path
 
 from trainers.cli.common import UsageError
 
+# the biases --sim-bias may set: the bias parameters of judges.model.simulated.SimulatedClient (its other
+# keywords are the judge's model, not a bias, and the quality function is the items' gold)
+SIM_BIASES = ("position", "length_slope", "format_effect", "authority", "self_preference", "master_key", "leniency")
+ITEMS_HELP = ('JSONL, one item per line: {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], '
+              '"gold": 0}; gold (optional) is the index of the better candidate, or a score in [0, 1] of the first')
+
 
 def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
     """ReportItems from a JSONL file (and an optional gold file), with FILE:LINE errors."""
@@ -113,6 +119,13 @@ def _writable_file(flag: str, value: str) -> Path:
 def check_options(args) -> None:
     """Every option that could fail the command after its calls, checked before the first one."""
     _check_numbers(args)
+    for text in args.sim_bias:  # named biases: an unknown one is its line here, not a TypeError later
+        _bias(text)
+    if args.base_url and not args.simulated:
+        from marl.scenario.checks import url_problem
+
+        if (problem := url_problem(args.base_url)) is not None:
+            raise UsageError(f"--base-url {args.base_url}: {problem}")
     args.out = str(_writable_file("--out", args.out))
     if getattr(args, "markdown", None):
         args.markdown = str(_writable_file("--markdown", args.markdown))
@@ -175,11 +188,19 @@ def _reward_model_judge(directory: str):
 
 
 def _bias(text: str) -> tuple[str, float]:
+    """(name, value) of one --sim-bias NAME=NUMBER; UsageError (one line, the names) for an unknown name."""
     name, _, value = text.partition("=")
+    name = name.strip()
+    if name not in SIM_BIASES:
+        raise UsageError(f"--sim-bias {text!r}: unknown bias {name!r}; choose one of {', '.join(SIM_BIASES)} "
+                         "(e.g. --sim-bias position=0.6)")
     try:
-        return name.strip(), float(value)
+        number = float(value)
     except ValueError:
         raise UsageError(f"--sim-bias {text!r}: expected NAME=NUMBER, e.g. position=0.6") from None
+    if not math.isfinite(number):
+        raise UsageError(f"--sim-bias {text!r}: expected a finite number, e.g. {name}=0.5")
+    return name, number
 
 
 def _preflight(judge, item) -> None:
@@ -332,7 +353,7 @@ def add_parser(commands) -> None:
                                                                      "wrote (pairwise verdicts from reward differences)")
         parser.add_argument("--model", default="sim", help="model name the endpoint serves")
         parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
-        parser.add_argument("--items", required=True, help="JSONL items file (see `marl judges report --help`)")
+        parser.add_argument("--items", required=True, metavar="FILE.jsonl", help=ITEMS_HELP)
         parser.add_argument("--gold", help="optional JSONL of {id, gold} lines")
         parser.add_argument("--out", required=True, help="report JSON / calibrator JSON to write")
         parser.add_argument("--cache", default="~/.cache/marl/judges.sqlite", help="response cache (SQLite)")
@@ -343,7 +364,8 @@ def add_parser(commands) -> None:
         parser.add_argument("--no-logprobs", action="store_true", help="for endpoints that reject logprobs")
         parser.add_argument("--simulated", action="store_true", help="use the built-in simulated judge")
         parser.add_argument("--sim-bias", action="append", default=[], metavar="NAME=VALUE",
-                            help="simulated judge bias, e.g. position=0.6 or master_key=4 (repeatable)")
+                            help=f"simulated judge bias, one of {', '.join(SIM_BIASES)}; e.g. position=0.6 or "
+                                 "master_key=4 (repeatable)")
         parser.add_argument("--seed", type=int, default=0)
         if name == "report":
             parser.add_argument("--markdown", help="also write a markdown summary here")

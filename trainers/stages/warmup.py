@@ -22,6 +22,7 @@ import statistics
 from marl.types import Task
 
 SAMPLE_WIDTH = 48  # characters of each observation and message shown by the warm-up check
+SAMPLE_CUT = " ... "  # stands for the middle of a longer one, cut out
 
 
 def stage_plan(train) -> list[tuple[str, int]]:
@@ -318,8 +319,15 @@ def show_samples(trainer, count: int, log=print) -> None:
 
 
 def _clip(text: str, width: int = SAMPLE_WIDTH) -> str:
-    """The last `width` characters of a long observation or message (what was said most recently)."""
-    return text if len(text) <= width else "..." + text[-width:]
+    """A long observation or message cut in the middle: its first and its last `width` // 2 characters.
+
+    The front says what the text is (an error observation names the error there: `SyntaxError in the
+    tests: ...`) and the end is what was said most recently; the middle is the least telling part.
+    """
+    if len(text) <= width + len(SAMPLE_CUT):
+        return text
+    head = width // 2
+    return text[:head] + SAMPLE_CUT + text[len(text) - (width - head):]
 
 
 def run_stage_step(trainer, stage: str, within: int, train_tasks: list[Task], log=print) -> dict:
