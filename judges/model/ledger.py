@@ -18,17 +18,22 @@ request the endpoint refused for its content (400, 413, 422, a malformed or over
 about the endpoint and changes no state. Lines go to `log` when given, else they wait for `drain()`
 (the Ray backend's ledger actor has no terminal: the driver drains it every step).
 
+The same request asked twice at once (two threads judging equal episodes, a replay beside its episode)
+is sent once: the second `lookup` waits for the first caller's answer.
+
 The ledger is plain Python (sqlite through JudgeCache) so that a Ray actor can hold it: on the Ray
 backend one actor owns the ledger and its sqlite file (a single writer) and every process reaches it
-through a handle whose `lookup` and `record` are awaitables (trainers/ray/gates.py).
+through a handle with the same methods (trainers/ray/gates.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 from judges.model.backend import ChatRequest, ChatResponse
 from judges.model.cache import JudgeCache
@@ -64,6 +69,7 @@ class JudgeLedger:
         self._counts: dict[str, dict[str, int]] = {}
         self._health: dict[str, dict] = {}  # endpoint -> {"since", "lost_s", "failed", "error"} while failing
         self._lines: list[str] = []
+        self._in_flight: dict[str, asyncio.Future] = {}  # request key -> its answer, while one caller asks
         self._lock = threading.Lock()  # answers are recorded on the judges' event loop, counts read elsewhere
 
     def open_cache(self, path: str, mode: str = "read_write") -> None:
@@ -78,20 +84,44 @@ class JudgeLedger:
             self.cache.close()
             self.cache = None
 
-    def lookup(self, request: ChatRequest, identity: str, judge: str) -> ChatResponse | None:
-        """The cached answer to `request` on the backend `identity` (counted as a hit), or None."""
-        cached = self.cache.lookup(request, identity) if self.cache is not None else None
-        if cached is not None:
-            self._add(judge, cache_hits=1)
-        return cached
+    async def lookup(self, request: ChatRequest, identity: str, judge: str) -> ChatResponse | None:
+        """The cached answer to `request` on the backend `identity` (counted as a hit), or None: then the
+        caller asks the endpoint and must `record` the answer (or `abandon`). A request already being asked
+        (the same episode judged in two threads, a replay beside its episode) waits for that answer."""
+        while True:
+            cached = self.cache.lookup(request, identity) if self.cache is not None else None
+            if cached is not None:
+                self._add(judge, cache_hits=1)
+                return cached
+            key = request.key(identity)
+            asked = self._in_flight.get(key)
+            if asked is None:
+                self._in_flight[key] = asyncio.get_running_loop().create_future()
+                return None
+            response = await asyncio.shield(asked)
+            if response is not None:  # the one answer, shared: a hit when it is one, else the same failure
+                self._add(judge, **({"cache_hits": 1} if response.status == "ok" else {"failures": 1}))
+                return replace(response, cached=True, latency=0.0, attempts=0)
+            # its asker gave up (cancelled): ask again
 
-    def record(self, request: ChatRequest, identity: str, judge: str, response: ChatResponse) -> None:
+    async def record(self, request: ChatRequest, identity: str, judge: str, response: ChatResponse) -> None:
         """Count an answer the endpoint gave, cache it when it is a usable one, follow the endpoint's health."""
         failed = response.status != "ok"
         self._add(judge, calls=response.attempts, retries=max(0, response.attempts - 1), failures=int(failed))
         if self.cache is not None:
             self.cache.store(request, identity, response)  # stores ok and truncated answers only
+        self._release(request.key(identity), response)
         self._follow_health(endpoint_of(identity), response)
+
+    def abandon(self, request: ChatRequest, identity: str) -> None:
+        """The caller of a `lookup` that returned None will not record an answer (it was cancelled)."""
+        self._release(request.key(identity), None)
+
+    def _release(self, key: str, response: ChatResponse | None) -> None:
+        """Wake whoever waits for the answer to `key` (None: ask it yourselves)."""
+        asked = self._in_flight.pop(key, None)
+        if asked is not None and not asked.done():
+            asked.set_result(response)
 
     def _add(self, judge: str, **amounts: int) -> None:
         with self._lock:

@@ -511,7 +511,12 @@ class OpenAIBackend:
         if cached is not None:
             self.stats["cache_hits"] += 1
             return cached
-        response = await self._complete_uncached(request)
+        try:
+            response = await self._complete_uncached(request)
+        except BaseException:  # cancelled: whoever waits on this request in the ledger asks it again
+            if ledger is not None:
+                ledger.abandon(request, self.identity)
+            raise
         if response.status != "ok":
             self.stats["failed"] += 1
         if self.cache is not None:

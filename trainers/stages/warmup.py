@@ -55,12 +55,20 @@ def expert_turns(scenario, tasks: list[Task], limit: int = 512) -> list[tuple[st
     if scenario.spec.expert is None:
         raise ValueError(f"scenario {scenario.spec.name!r} has no expert, so the warm-up has no demonstrations: "
                          "add `expert: module:function`, or drop 'warmup' from train.stages")
-    env, expert = ScenarioEnv(scenario, tasks=tasks), get_policy("expert", scenario)
+    # the turns are all that is wanted: the episodes are not scored, so no judge is asked about the expert
+    env, expert = ScenarioEnv(scenario, tasks=tasks, scorer=_Unscored()), get_policy("expert", scenario)
     pairs = []
     for index, task in enumerate(tasks[:limit]):
         result = rollout(env, expert, task=task, seed=index)
         pairs += [(turn["agent"], turn["observation"] or " ", turn["action"]) for turn in result.observations]
     return pairs
+
+
+class _Unscored:
+    """A scorer that scores nothing (NaN rewards, no breakdown): for episodes played only for their turns."""
+
+    def score_episode(self, task, transcript, tool_calls, agents) -> tuple[dict[str, float], dict]:
+        return {agent: float("nan") for agent in agents}, {}
 
 
 def format_compliance(player, tasks: list[Task], seed: int = 0) -> float:

@@ -56,6 +56,14 @@ def test_an_answer_already_paid_for_is_read_back_from_the_ledger_cache(tmp_path,
         assert ledger.counts() == {"critic": {"calls": 2, "cache_hits": 1, "failures": 0, "retries": 0}}
 
 
+def test_the_same_request_asked_at_once_is_sent_once(backend_at):
+    with JudgeServer(default=("ok", "Rating: [[6]]")) as server, installed(JudgeLedger()) as ledger:
+        answers = run_sync(backend_at(server.url).complete_many([request()] * 4))
+        assert server.requests == 1
+        assert [answer.text for answer in answers] == ["Rating: [[6]]"] * 4
+        assert ledger.counts()["critic"] == {"calls": 1, "cache_hits": 3, "failures": 0, "retries": 0}
+
+
 def test_a_backend_without_a_label_does_not_use_the_ledger(tmp_path):
     """An agent played by an endpoint samples: its answers are not judgments to read back."""
     with JudgeServer() as server, installed(JudgeLedger(JudgeCache(tmp_path / "cache.sqlite"))) as ledger:
