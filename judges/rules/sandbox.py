@@ -55,6 +55,8 @@ KERNEL_BLOCK = "a system call refused by the kernel (seccomp)"
 UNCONFINED_ENV = "MARL_SANDBOX_ALLOW_UNCONFINED"
 DISK_BLOCK = "filling the disk"
 DISK_BUDGET_BYTES = 1 << 30  # the audit hook's budget is WRITE_OPENS x FILE_LIMIT_BYTES = 256 MiB
+DISK_ENTRIES = 20_000  # files and folders a run may make (empty files fill a file system's inodes)
+DISK_CHECK_S = 0.1  # how often the run's directory is measured while it runs
 _CONTROL_LIMIT = 4096
 FILE_LIMIT_BYTES = 8 * 2**20
 WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
@@ -249,27 +251,41 @@ def _exited(pid: int) -> bool:
 
 
 class _DiskWatch:
-    """Watches the free space of the run directory's file system: native code can make files without
-    the audit hook's write budget, so a run that takes more than DISK_BUDGET_BYTES is stopped."""
+    """Measures what the run itself has written: the blocks allocated under its own directory, the
+    only place Landlock lets it write. Native code can make files without the audit hook's write
+    budget, so a run past DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file
+    system's free space is not the measure: another process filling the same disk is not the run's doing."""
 
     def __init__(self, workdir: str):
-        self.workdir, self.exceeded = workdir, False
-        self.start = self._free()
+        self.workdir, self.exceeded, self.next_at = workdir, False, 0.0
 
-    def _free(self) -> int | None:
-        try:
-            stats = os.statvfs(self.workdir)
-        except OSError:
-            return None
-        return stats.f_bavail * stats.f_frsize
+    def usage(self) -> tuple[int, int]:
+        """(bytes allocated, entries) under the run directory, by `find` (it walks trees thousands
+        deep, which Python's walks cannot); a folder the run made unreadable is made readable again
+        first (it is the parent's tree), and what still cannot be measured counts as over the budget."""
+        for _ in range(2):
+            try:
+                found = subprocess.run([shutil.which("find") or "find", self.workdir, "-printf", "%b\\n"],
+                                       capture_output=True, timeout=30)
+            except (OSError, subprocess.SubprocessError) as error:
+                raise SandboxError(f"cannot measure the run's disk use: {error}") from error
+            if found.returncode == 0 or b"Permission denied" not in found.stderr:  # a file the run deleted meanwhile
+                blocks = found.stdout.split()
+                return sum(map(int, blocks)) * 512, len(blocks)  # %b: 512-byte blocks allocated
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["chmod", "-R", "u+rwx", "--", self.workdir], capture_output=True, timeout=30)
+        return DISK_BUDGET_BYTES + 1, 0
 
-    def check(self) -> bool:
-        """True (once) when the run has used more than its budget."""
-        free = self._free()
-        if not self.exceeded and self.start is not None and free is not None:
-            self.exceeded = self.start - free > DISK_BUDGET_BYTES
-            return self.exceeded
-        return False
+    def check(self, final: bool = False) -> bool:
+        """True (once) when the run has written more than its budget; measured at most every
+        DISK_CHECK_S while it runs (a walk of its directory), and once more when it has ended."""
+        now = time.monotonic()
+        if self.exceeded or (now < self.next_at and not final):
+            return False
+        self.next_at = now + DISK_CHECK_S
+        size, entries = self.usage()
+        self.exceeded = size > DISK_BUDGET_BYTES or entries > DISK_ENTRIES
+        return self.exceeded
 
 
 def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch):
@@ -366,6 +382,7 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
         capture = _Capture(proc, output_limit, pipes.control_r, pipes.channel_r)
         disk = _DiskWatch(workdir)
         timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk)
+        disk.check(final=True)  # what it wrote between the last measure and its exit counts too
         cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
         layers, blocked, unconfined = _control_report(capture.text("control"))
         if unconfined and proc.returncode == child.UNCONFINED_EXIT:

@@ -1,0 +1,76 @@
+"""The sandbox's disk limit counts what the run itself writes, not the file system's free space
+(issue 27, item 5): another process filling the same disk does not turn an honest answer into a 0,
+and a candidate that writes past its budget still scores 0."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import judges.rules.sandbox as sandbox
+from judges.rules.code import CodeTestsVerifier
+from judges.types import Candidate, Item
+
+TESTS = ["assert add(2, 3) == 5", {"call": "add(-1, 1)", "expected": 0}]
+CORRECT = "def add(a, b):\n    return a + b\n"
+
+
+def _score(code: str):
+    return CodeTestsVerifier(TESTS, entry="add", timeout_s=20).score(Item("add two numbers"), [Candidate(code)])[0]
+
+
+@pytest.fixture
+def small_budget(monkeypatch):
+    monkeypatch.setattr(sandbox, "DISK_BUDGET_BYTES", 16 * 2**20)
+    return sandbox.DISK_BUDGET_BYTES
+
+
+def test_an_honest_answer_scores_1_while_another_process_fills_the_same_file_system(small_budget, monkeypatch, tmp_path):
+    """300 MB (far past the run's budget) are reserved on the run directory's file system at the
+    moment the watch measures, as another process writing there would: the run is not blamed."""
+    measure, filled = sandbox._DiskWatch.usage, []
+
+    def fill_then_measure(watch):
+        if not filled:
+            neighbour = os.path.join(os.path.dirname(watch.workdir), f"marl_test_fill_{os.getpid()}")
+            fd = os.open(neighbour, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, 300 * 2**20)  # blocks really taken from the file system's free space
+            finally:
+                os.close(fd)
+            filled.append(neighbour)
+        return measure(watch)
+
+    monkeypatch.setattr(sandbox._DiskWatch, "usage", fill_then_measure)
+    try:
+        judgment = _score(CORRECT)
+        assert filled and os.stat(filled[0]).st_blocks * 512 >= 300 * 2**20 > small_budget
+    finally:
+        for path in filled:
+            os.unlink(path)
+    assert (judgment.status, judgment.score, judgment.rationale) == ("ok", 1.0, "2/2 hidden tests passed")
+
+
+def test_a_candidate_that_writes_past_its_budget_scores_0(small_budget):
+    writes = "\n".join(f"with open('f{i}', 'wb') as handle:\n    handle.write(b'x' * {sandbox.FILE_LIMIT_BYTES - 1})"
+                       for i in range(3))  # 24 MiB in 3 files, each under the per-file limit
+    judgment = _score(writes + "\n" + CORRECT)
+    assert judgment.status == "ok" and judgment.score == 0.0
+    assert judgment.rationale == f"the code attempted a blocked action ({sandbox.DISK_BLOCK})"
+
+
+def test_what_the_run_writes_under_its_budget_is_allowed(small_budget):
+    judgment = _score(f"with open('f', 'wb') as handle:\n    handle.write(b'x' * {4 * 2**20})\n" + CORRECT)
+    assert (judgment.score, judgment.rationale) == (1.0, "2/2 hidden tests passed")
+
+
+def test_the_watch_counts_the_blocks_under_the_run_directory_only(small_budget, tmp_path):
+    run = tmp_path / "run"
+    (run / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "neighbour").write_bytes(b"x" * (small_budget + 1))  # same file system, not the run's
+    watch = sandbox._DiskWatch(str(run))
+    assert not watch.check(final=True) and watch.usage()[1] == 3  # run, deep, er
+    (run / "deep" / "er" / "big").write_bytes(b"x" * (small_budget + 1))
+    os.chmod(run / "deep", 0)  # hidden from a walk that does not restore it
+    assert watch.check(final=True) and watch.exceeded
