@@ -40,16 +40,28 @@ def run(args) -> int:
     return 0
 
 
+def _masked(result) -> bool:
+    """A judge failed in the episode or a replay: its credit is NaN, to be left out, never read as 0."""
+    return any(math.isnan(value) for value in result.values.values())
+
+
 def _print_credit_table(scenario, policy_name: str, results) -> None:
-    agents = list(results[0].values)
+    agents, scored = list(results[0].values), [r for r in results if not _masked(r)]
+    masked = len(results) - len(scored)
     print(f"{scenario.spec.name}: {results[0].method} credit, policy {policy_name}, {len(results)} episodes, "
           f"absent = {scenario.spec.credit.absent}")
+    if masked:
+        print(f"masked: {masked} of {len(results)} episodes (a judge failed in the episode or a replay); "
+              "their credit is left out of the table, never read as 0")
+    if not scored:
+        print("no credit to show: every episode was masked")
+        return
     print(f"{'agent':<14}{'credit':>10}{'stderr':>10}{'sd over episodes':>20}")
     for agent in agents:
-        values = [r.values[agent] for r in results]
-        within = math.sqrt(statistics.fmean(r.stderr[agent] ** 2 for r in results) / len(results))
+        values = [r.values[agent] for r in scored]
+        within = math.sqrt(statistics.fmean(r.stderr[agent] ** 2 for r in scored) / len(scored))
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         print(f"{agent:<14}{statistics.fmean(values):>10.4f}{within:>10.4f}{spread:>20.4f}")
     evaluations = statistics.fmean(r.n_evals for r in results)
-    total = statistics.fmean(sum(r.values.values()) for r in results)
+    total = statistics.fmean(sum(r.values.values()) for r in scored)
     print(f"evaluations per episode: {evaluations:.1f}; mean sum of credit: {total:.4f}")
