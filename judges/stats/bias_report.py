@@ -310,7 +310,7 @@ def report_markdown(report: dict) -> str:
             return f"{number(value['estimate'])} [{number(value['ci_low'])}, {number(value['ci_high'])}]"
         return "-" if value is None else number(value, "") if isinstance(value, float) else str(value)
 
-    lines = [f"# Judge bias report", "", f"judge: `{report['judge']}`  ", f"items: {report['n_items']}, calls: "
+    lines = [f"# Judge bias report", "", f"judge: `{report['judge']}`  ", f"items: {report['n_items']}, judgments: "
              f"{report['n_calls']}, failed pairs: {report['n_failed']}", "", "| quantity | estimate [95% CI] | verdict |",
              "|---|---|---|"]
     for key in THRESHOLDS:

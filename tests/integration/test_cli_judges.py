@@ -184,3 +184,43 @@ def test_a_nan_first_answer_fails_its_pair_only_not_the_command(items, tmp_path)
     report = json.loads(out.read_text())
     assert report["n_failed"] == 0  # the preflight pair failed; asked again in the report, it was answered
     assert report["n_calls"] > 0 and result.stdout.startswith(f"wrote {out}")
+
+
+def test_a_report_read_back_from_its_cache_says_it_made_no_call(items, tmp_path):
+    cache = tmp_path / "c.sqlite"
+    with JudgeServer(default=("ok", "[[A]]")) as server:
+        args = ("report", "--base-url", server.url, "--model", "m", "--items", str(items), "--per-kind", "3",
+                "--no-logprobs", "--cache", str(cache))
+        first = _marl(*args, "--out", str(tmp_path / "first.json"))
+        paid = server.requests
+        again = _marl(*args, "--out", str(tmp_path / "again.json"))
+        assert server.requests == paid  # every answer came from the cache
+    assert first.returncode in (0, 1) and again.returncode in (0, 1), again.stderr
+    report = json.loads((tmp_path / "again.json").read_text())
+    judgments, hits = report["n_calls"], report["n_calls"] + 2  # and the preflight pair's two orders
+    assert report["requests"] == {"calls": 0, "cache_hits": hits, "failures": 0, "retries": 0}
+    assert f": {judgments} judgments (0 calls to the endpoint (0 retries), {hits} answers from the cache, " \
+           "0 failed)" in again.stdout
+    assert json.loads((tmp_path / "first.json").read_text())["requests"]["calls"] == paid
+
+
+def test_a_long_report_says_how_far_it_has_got():
+    """The progress line is due at once (every_s=0): it counts what the wrapped backend reports."""
+    import asyncio
+    import io
+
+    from judges.model.backend import ChatRequest, ChatResponse
+    from trainers.cli.judges import Progress
+
+    class Answers:
+        identity, stats = "fake", {"calls": 3, "retries": 1, "cache_hits": 2, "failed": 0}
+
+        async def complete(self, request):
+            return ChatResponse("ok", "[[A]]")
+
+    stream = io.StringIO()
+    progress = Progress(Answers(), every_s=0.0, stream=stream)
+    asyncio.run(progress.complete(ChatRequest(messages=({"role": "user", "content": "q"},))))
+    assert progress.identity == "fake"
+    assert stream.getvalue() == ("judged 1 requests so far: 3 calls to the endpoint (1 retries), 2 answers from the "
+                                 "cache, 0 failed\n")

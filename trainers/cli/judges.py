@@ -171,7 +171,38 @@ def build_judge(args, items):
     backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                             max_concurrency=args.concurrency, timeout_s=args.timeout, max_retries=args.retries,
                             cache=_open_cache(args.cache))
-    return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+    return PairwiseJudge(Progress(backend), logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+
+
+class Progress:
+    """A backend that says on stderr, every `every_s` seconds while a long job runs, how many answers it has
+    had: from the endpoint (calls), from the cache, failed. Everything else is the wrapped backend's."""
+
+    def __init__(self, backend, every_s: float = 5.0, stream=None):
+        import time
+
+        self.backend, self.every_s, self.stream = backend, every_s, stream
+        self.answers, self._clock = 0, time.monotonic
+        self._next = self._clock() + every_s
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    async def complete(self, request):
+        """The backend's answer; a progress line when one is due."""
+        response = await self.backend.complete(request)
+        self.answers += 1
+        if self._clock() >= self._next:
+            self._next = self._clock() + self.every_s
+            print(f"judged {self.answers} requests so far: {self.counts()}", file=self.stream or sys.stderr,
+                  flush=True)
+        return response
+
+    def counts(self) -> str:
+        """Calls to the endpoint, answers from the cache and failures, in words."""
+        stats = self.backend.stats
+        return (f"{stats['calls']} calls to the endpoint ({stats['retries']} retries), {stats['cache_hits']} "
+                f"answers from the cache, {stats['failed']} failed")
 
 
 def _reward_model_judge(directory: str):
@@ -230,6 +261,10 @@ def report_command(args) -> int:
         _preflight(judge, items[0])
         report = strict_report(run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
                                                judge_name=args.judge_name or args.model))
+        if isinstance(getattr(judge, "backend", None), Progress):  # what the judgments cost (n_calls: judgments)
+            stats = judge.backend.stats
+            report["requests"] = {"calls": stats["calls"], "cache_hits": stats["cache_hits"],
+                                  "failures": stats["failed"], "retries": stats["retries"]}
         write_json_atomically(args.out, report)
         if args.markdown:
             from judges.strict_json import write_text_atomically
@@ -240,7 +275,9 @@ def report_command(args) -> int:
               file=sys.stderr)
         return 2
     failing = [key for key, verdict in report["verdicts"].items() if verdict == "fail"]
-    summary = f"wrote {args.out}: {report['n_calls']} calls, {report['n_failed']} failed pairs; "
+    backend = getattr(judge, "backend", None)  # a reward model has none: no endpoint, no cache
+    calls = f" ({backend.counts()})" if isinstance(backend, Progress) else ""
+    summary = f"wrote {args.out}: {report['n_calls']} judgments{calls}, {report['n_failed']} failed pairs; "
     if not any(verdict != "not estimated" for verdict in report["verdicts"].values()):
         print(summary + "nothing could be graded (every judgment failed or was unparseable; see the report's notes)")
         return 1
