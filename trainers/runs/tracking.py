@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,11 @@ class WandbTracker(Tracker):
 
     The mode follows `resolve_wandb_mode`: `WANDB_MODE` when set, else online with
     `WANDB_API_KEY`, else offline (sync later with `wandb sync <run_dir>/wandb/offline-run-*`).
-    With `run_id` the run continues the W&B run of that id (`resume="allow"`: a resumed training run
-    is one W&B run, each start an `offline-run-*-<run_id>` directory); `resumed_at` > 0 records the
-    step it resumed from in the summary (`resume/from_step`).
+    With `run_id` a resumed training run stays one W&B run: online it continues the run of that id
+    (`resume="allow"`); offline, where wandb cannot resume, `run_tracker` rebuilds it from the mirror
+    into one new `offline-run-*-<run_id>` folder and removes the older ones, so a sync uploads the
+    run's record exactly. `resumed_at` > 0 records the step it resumed from in the summary
+    (`resume/from_step`).
     """
 
     def __init__(self, run_dir: Path | str, project: str, config: Mapping[str, Any] | None = None,
@@ -197,6 +200,7 @@ class WandbTracker(Tracker):
         self.run_dir: Path = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = _import_wandb()
+        self.offline = (resolve_wandb_mode() or os.environ.get("WANDB_MODE", "")) in ("offline", "dryrun")
         self.run = self._init_run(project, dict(config or {}), name, group, job_type, run_id)
         self.mirror = JsonlTracker(self.run_dir)
         self._tables: dict[str, Any] = {}
@@ -207,7 +211,10 @@ class WandbTracker(Tracker):
     def _init_run(self, project: str, config: dict[str, Any], name: str | None,
                   group: str | None, job_type: str, run_id: str | None = None) -> Any:
         """`wandb.init` with our settings, then one `define_metric` per step namespace."""
-        resume = {"id": run_id, "resume": "allow"} if run_id else {}
+        # Online, a resume continues the same W&B run. Offline, wandb cannot resume (wandb issue 4624:
+        # every start is a new offline folder, `_step` from 0): the run is rebuilt from the mirror instead
+        # (`rebuild_offline_run`), under the same id.
+        resume = ({"id": run_id} if self.offline else {"id": run_id, "resume": "allow"}) if run_id else {}
         try:
             run = self._wandb.init(project=project, config=config, dir=str(self.run_dir), name=name,
                                    group=group, job_type=job_type, mode=resolve_wandb_mode(),
@@ -221,6 +228,30 @@ class WandbTracker(Tracker):
             run.define_metric(glob, step_metric=step_key, step_sync=True)
         return run
 
+    def rebuild_offline_run(self) -> None:
+        """A resumed offline run: log the mirror's record (metrics.jsonl and the tables, already cut
+        back to the checkpoint) into this new offline run, then remove the run's older offline folders,
+        so that `wandb sync` uploads exactly the run's record, once. The folders go last: a resume that
+        dies midway leaves them, and the next resume rebuilds again from the mirror."""
+        from trainers.runs.report import STEP_KEY
+
+        tables = _read_mirror_tables(self.mirror.tables_dir)
+        for row in _read_jsonl(self.mirror.metrics_path):
+            self.run.log(row)
+            step = row.get(STEP_KEY)
+            for key, (columns, rows) in tables.items():
+                due = [cells for cells in rows if cells[0] == step] if step is not None else []
+                if due:
+                    self._log_table_rows(key, columns, due)
+        summary = _read_json_object(self.mirror.summary_path)
+        if summary:
+            self.mirror._summary.update(summary)
+            self.run.summary.update(summary)
+        current = Path(self.run.dir).parent  # .../wandb/offline-run-<time>-<id>/files
+        for folder in sorted((self.run_dir / "wandb").glob(f"offline-run-*-{self.run.id}")):
+            if folder.resolve() != current.resolve():
+                shutil.rmtree(folder, ignore_errors=True)
+
     def log(self, metrics: Mapping[str, float | int]) -> None:
         """Mirror to JSONL, then `run.log(metrics)`; the step lives inside `metrics`."""
         self.mirror.log(metrics)
@@ -229,6 +260,9 @@ class WandbTracker(Tracker):
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         """Mirror to JSONL, then log the new rows to an INCREMENTAL `wandb.Table` under `key`."""
         self.mirror.log_table(key, columns, rows)
+        self._log_table_rows(key, columns, rows)
+
+    def _log_table_rows(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         table = self._tables.get(key)
         if table is None or list(table.columns) != list(columns):
             table = self._wandb.Table(columns=list(columns), log_mode="INCREMENTAL", allow_mixed_types=True)
@@ -265,6 +299,39 @@ class WandbTracker(Tracker):
         self.mirror.finish()
 
 
+def _read_jsonl(path: Path) -> list[dict]:
+    """The JSON-object lines of a mirror file (none when it is missing; a torn line is skipped)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _read_mirror_tables(tables_dir: Path) -> dict[str, tuple[list[str], list[list[Any]]]]:
+    """key -> (columns, rows) of every mirrored table whose rows carry a `step` (the run's tables)."""
+    tables = {}
+    for path in sorted(Path(tables_dir).glob("*.jsonl")):
+        rows = _read_jsonl(path)
+        if rows and "step" in rows[0]:
+            columns = ["step", *(column for column in rows[0] if column != "step")]
+            tables[path.stem.replace("__", "/")] = (columns, [[row.get(c) for c in columns] for row in rows])
+    return tables
+
+
 def make_tracker(kind: str, run_dir: Path | str, *, project: str = "marl",
                  config: Mapping[str, Any] | None = None, name: str | None = None,
                  group: str | None = None, run_id: str | None = None, resumed_at: int = 0) -> Tracker:
@@ -292,5 +359,8 @@ def run_tracker(kind: str, out: Path, step: int, *, config: Mapping[str, Any], g
     if kind == "none":
         return JsonlTracker(out)
     run_id = wandb_run_id(out, step) if kind == "wandb" else None
-    return make_tracker(kind, out, project=project, config=config, name=Path(out).name, group=group, run_id=run_id,
-                        resumed_at=step)
+    tracker = make_tracker(kind, out, project=project, config=config, name=Path(out).name, group=group,
+                           run_id=run_id, resumed_at=step)
+    if isinstance(tracker, WandbTracker) and step and tracker.offline:
+        tracker.rebuild_offline_run()
+    return tracker

@@ -262,3 +262,36 @@ def test_a_run_id_continues_the_same_wandb_run_and_marks_the_resume(wandb_offlin
     assert "resume/from_step" not in parts[0]["summary"] and parts[1]["summary"]["resume/from_step"] == 1
     state = json.loads((run_dir / "run.json").read_text())
     assert [start["step"] for start in state["starts"]] == [0, 1]
+
+
+def test_an_offline_resume_rebuilds_one_run_equal_to_the_mirror(wandb_offline: None, tmp_path: Path) -> None:
+    """wandb cannot resume offline (every start a new folder, `_step` from 0): `run_tracker` at a
+    resume logs the mirror's record (cut back to the checkpoint) into the new run, tables included,
+    and removes the older folder, so syncing uploads the run's record once."""
+    import wandb
+    from helpers.wandb_reader import find_run_logs, read_run
+
+    from trainers.runs.report import truncate_metrics, truncate_tables
+    from trainers.runs.tracking import run_tracker
+
+    run_dir = tmp_path / "run"
+    first = run_tracker("wandb", run_dir, 0, config={"lr": 1}, group="unit", project="marl-test")
+    for step in (1, 2, 3):  # step 3 is logged, then the process dies before its checkpoint
+        first.log({"train/step": step, "train/reward": step / 10})
+        first.log_table("samples", ["step", "message"], [[step, f"said {step}"]])
+    first.finish(exit_code=1)
+    truncate_metrics(run_dir / "metrics.jsonl", 2)  # what `marl run --resume` does at checkpoint 2
+    truncate_tables(run_dir / "tables", 2)
+    second = run_tracker("wandb", run_dir, 2, config={"lr": 1}, group="unit", project="marl-test")
+    second.log({"train/step": 3, "train/reward": 0.75})
+    second.log_table("samples", ["step", "message"], [[3, "said 3 again"]])
+    second.finish()
+    wandb.teardown()
+    logs = find_run_logs(run_dir)
+    assert len(logs) == 1 and len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
+    run = read_run(logs[0])
+    rows = [row for row in run["history"] if "train/step" in row]
+    assert [(row["train/step"], row["train/reward"]) for row in rows] == [(1, 0.1), (2, 0.2), (3, 0.75)]
+    assert [row["train/step"] for row in _jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert sum("samples" in row for row in run["history"]) == 3  # one table log per step, none repeated
+    assert run["summary"]["resume/from_step"] == 2 and run["exit_code"] == 0
