@@ -11,6 +11,8 @@ import socket
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from helpers.judge_server import JudgeServer, write_judged_relay
 from helpers.paths import SCENARIOS
 from trainers.cli.main import main
@@ -130,3 +132,23 @@ def test_an_evaluation_with_every_episode_masked_is_one_line_not_a_key_error(dem
     assert code == 2 and "Traceback" not in captured.err and "KeyError" not in captured.err
     [line] = [line for line in captured.err.splitlines() if line.startswith("marl: error:")]
     assert "the held-out evaluation before training: every one of its 4 episodes was masked" in line
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a real cluster: seconds to start
+def test_on_the_ray_backend_the_judge_cache_has_one_writer_and_a_resume_asks_nothing_twice(demo_model_dir, tmp_path):
+    """Two rollout workers judge through the driver's ledger actor: one sqlite file in the run directory."""
+    pytest.importorskip("ray")
+    ray_settings = ["train.ray.rollout_workers=2", "train.ray.num_cpus=0.5"]
+    with JudgeServer(default=RATING) as server:
+        path, out = _judged_relay(tmp_path, server.url), tmp_path / "run"
+        assert main(["run", str(path), *_settings("train.steps=1", *ray_settings), "--out", str(out),
+                     "--tracker", "none", "--backend", "ray"]) == 0
+        first = list(server.bodies)
+        assert main(["run", str(path), *_settings("train.steps=2", *ray_settings), "--out", str(out),
+                     "--tracker", "none", "--backend", "ray", "--resume"]) == 0
+        both = first + server.bodies[len(first):]
+        summary = json.loads((out / "summary.json").read_text())
+    assert _repeats(both) == {}
+    assert summary["judges"]["critic"]["calls"] == len(both) - len(first)  # the workers' calls, counted centrally
+    assert sorted(p.name for p in out.glob("judge_cache.sqlite*")) == ["judge_cache.sqlite"]  # closed: no WAL left

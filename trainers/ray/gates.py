@@ -6,6 +6,11 @@ a rate token from it before a request and gives the slot back after, so N worker
 the one limit the scenario set (`judges[].concurrency`, `judges[].requests_per_second`), not N times
 it. `install(ray)` makes judges.model.openai_backend route its limits through these gates in this
 process; the driver installs it before it builds any judge, so the driver owns every gate.
+
+The judge ledger (judges.model.ledger: the judge cache, the counts, the endpoints' health) lives in one
+actor on the driver's node (`share_ledger`), the only writer of the run directory's sqlite file; the
+driver and every worker reach it through a `LedgerHandle`, so no worker opens a file of its own and a
+judgment paid for on one worker is read back on any other.
 """
 
 from __future__ import annotations
@@ -113,3 +118,87 @@ def uninstall() -> None:
     from judges.model.openai_backend import share_endpoint_limits
 
     share_endpoint_limits(None)
+
+
+# -- the judge ledger: one cache, one writer, for the whole cluster --------------------------------------------
+class LedgerHandle:
+    """What a process holds on the Ray backend in place of a JudgeLedger: the ledger actor's methods, `lookup`
+    and `record` awaitable (the backends await them on their event loop), the others blocking."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    async def lookup(self, request, identity: str, judge: str):
+        return await asyncio.wrap_future(self.actor.lookup.remote(request, identity, judge).future())
+
+    async def record(self, request, identity: str, judge: str, response) -> None:
+        await asyncio.wrap_future(self.actor.record.remote(request, identity, judge, response).future())
+
+    def abandon(self, request, identity: str) -> None:
+        self.actor.abandon.remote(request, identity)  # nothing to wait for: the waiters ask again
+
+    def _get(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.actor, method).remote(*args))
+
+    def open_cache(self, path: str) -> None:
+        self._get("open_cache", path)
+
+    def counts(self) -> dict:
+        return self._get("counts")
+
+    def failing(self) -> dict:
+        return self._get("failing")
+
+    def drain(self) -> list[str]:
+        return self._get("drain")
+
+    def close(self) -> None:
+        self._get("close")
+
+
+def share_ledger(ray, name: str):
+    """Move the installed JudgeLedger of this process (the driver) into a Ray actor named `name` on this
+    node, the only writer of its sqlite file (the run directory is on this node), and install a handle to
+    it here; the (ledger, actor) to give back to `unshare_ledger`, or None when no plain ledger is
+    installed. Workers install a handle with `join_ledger(ray, name)`."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from judges.model import ledger as ledgers
+
+    local = ledgers.active()
+    if not isinstance(local, ledgers.JudgeLedger):
+        return None
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    # max_concurrency: a lookup waits while the same request is in flight elsewhere, so many run at once
+    actor = ray.remote(ledgers.JudgeLedger).options(name=name, num_cpus=0, max_concurrency=10_000,
+                                                    scheduling_strategy=here).remote()
+    if local.cache is not None:  # the file moves to the actor: one connection, one writer
+        path = local.cache.path
+        local.close()
+        ray.get(actor.open_cache.remote(path))
+    ledgers.install(LedgerHandle(actor))
+    return local, actor
+
+
+def join_ledger(ray, name: str | None) -> None:
+    """In a worker: every judge of this process uses the driver's ledger actor `name` (None: none)."""
+    from judges.model import ledger as ledgers
+
+    ledgers.install(LedgerHandle(ray.get_actor(name)) if name else None)
+
+
+def unshare_ledger(ray, shared) -> None:
+    """Close the ledger actor's cache and stop it; the driver's own ledger (its counts only) is installed again."""
+    from judges.model import ledger as ledgers
+
+    if shared is None:
+        return
+    local, actor = shared
+    try:
+        ray.get(actor.close.remote())
+        ray.kill(actor)
+    except Exception:  # noqa: BLE001 - the cluster is already gone: the file was written as it went
+        pass
+    ledgers.install(local)

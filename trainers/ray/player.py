@@ -26,6 +26,7 @@ are one RayBackendError line each, never a hang or a traceback.
 
 from __future__ import annotations
 
+import os
 import time
 
 from marl.rollout import EpisodeBatch, EpisodePlayer
@@ -73,6 +74,10 @@ class RayPlayer:
         from trainers.ray import gates
 
         gates.install(self.ray)  # before any judge is built: this process owns every endpoint's gate
+        self.ledger_name = f"marl-judge-ledger-{os.getpid()}-{id(self):x}"
+        self._ledger = gates.share_ledger(self.ray, self.ledger_name)  # one judge cache, one writer
+        if self._ledger is None:
+            self.ledger_name = None
         for actor in actors.values():  # endpoint policies were built before: their gates are made here too
             backend = getattr(actor, "backend", None)
             if hasattr(backend, "_shared_gate"):
@@ -107,6 +112,8 @@ class RayPlayer:
             self.ray.kill(worker)
         self.workers = []
         gates.uninstall()
+        gates.unshare_ledger(self.ray, self._ledger)
+        self._ledger = None
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -124,7 +131,8 @@ class RayPlayer:
         worker = remote.remote(self.threads)
         try:
             problem = self.ray.get(worker.setup.remote(cloudpickle.dumps(self.scenario), self.seats,
-                                                       self.local.max_tokens), timeout=START_TIMEOUT_S)
+                                                       self.local.max_tokens, self.ledger_name),
+                                   timeout=START_TIMEOUT_S)
         except self.ray.exceptions.GetTimeoutError:
             self.ray.kill(worker)
             raise RayBackendError(f"rollout worker {index} was not started within {START_TIMEOUT_S:.0f} s: the "

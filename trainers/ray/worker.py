@@ -31,9 +31,9 @@ class RolloutWorker:
         """This worker's process id (tests kill it by PID)."""
         return os.getpid()
 
-    def setup(self, scenario_bytes: bytes, seats: dict, max_tokens: dict) -> str | None:
+    def setup(self, scenario_bytes: bytes, seats: dict, max_tokens: dict, ledger: str | None = None) -> str | None:
         """Open the scenario and check that every 'module:function' it names imports here; an error
-        line (None when ready)."""
+        line (None when ready). `ledger`: the name of the driver's judge ledger actor (the judge cache)."""
         import cloudpickle
 
         try:
@@ -42,6 +42,7 @@ class RolloutWorker:
             from trainers.ray import gates
 
             gates.install(ray)  # this worker's judges share the driver's per-endpoint limits
+            gates.join_ledger(ray, ledger)  # and its judge cache: no file of its own
             self.scenario = cloudpickle.loads(scenario_bytes)
             self.seats = dict(seats)
             self.max_tokens = dict(max_tokens)
