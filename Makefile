@@ -27,8 +27,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m trainers.cli run relay $(ARGS)
 
+# The suite runs on every core (pytest-xdist, one torch thread per worker); Ray tests share one worker.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP)  # every benchmark in full (make test runs their --quick modes)
 	set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done

@@ -4,11 +4,59 @@ small random models of real architectures with a BPE tokenizer and a chat templa
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The demo model most tests share: built once per machine and cached (trainers/policy/tinylm.py holds a
+# file lock while it builds, so every process that asks meanwhile waits for that one build).
+_BUILD_DEMO_MODEL = ("from marl.addition import addition_splits; from trainers.demo import demo_policy; "
+                     "demo_policy(addition_splits(seed=0), log=lambda message: None)")
+
+
+def _is_xdist_controller(config) -> bool:
+    return getattr(config.option, "numprocesses", None) not in (None, 0) and not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist, the controller builds the shared demo model in the background while the
+    workers start on the tests that need no model (they are ordered first, below); a worker that
+    needs it before it is ready waits on the build lock."""
+    if _is_xdist_controller(session.config):
+        log = tempfile.NamedTemporaryFile("w+", prefix="marl-demo-build-", suffix=".log", delete=False)
+        session.config._demo_build = (subprocess.Popen(
+            [sys.executable, "-c", _BUILD_DEMO_MODEL], stdout=subprocess.DEVNULL, stderr=log,
+            env={**os.environ, "OMP_NUM_THREADS": "1"}), log)
+
+
+def pytest_sessionfinish(session):
+    build = getattr(session.config, "_demo_build", None)
+    if build is not None:
+        process, log = build
+        if process.wait() != 0:  # the workers built it themselves (or failed, each test saying why)
+            log.seek(0)
+            sys.stderr.write(f"background build of the demo model failed:\n{log.read()[-3000:]}\n")
+        log.close()
+        os.unlink(log.name)
+
+
+def _needs_a_built_model(item) -> bool:
+    return "demo_model_dir" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Ray tests share one xdist worker (one local cluster at a time, `--dist loadgroup`); tests that
+    need no built model run first, giving the model build its head start (a stable sort: the order
+    within each part is the files' order)."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+    items.sort(key=_needs_a_built_model)
 
 
 @pytest.fixture(scope="session", autouse=True)
