@@ -2,7 +2,8 @@
 
 Run from a checkout: `python bench/selfplay.py` (both games, 3 conditions x 2 seeds x 100 steps:
 about 2 hours on a 2-core CPU), `--games tictactoe --seeds 1 --steps 60` for a shorter look, or
-`--quick` (1 seed x 1 step of self and fixed on each game, for tests/integration/test_benchmarks.py).
+`--quick` (1 seed x 1 step of self and fixed on each game, on tiny models warmed up for 20 SFT steps, for
+tests/integration/test_benchmarks.py).
 
 Conditions, differing only in `train.selfplay` (everything else is the scenario's defaults):
 
@@ -178,6 +179,9 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
     return lasts
 
 
+QUICK_SFT_STEPS = 20
+
+
 def parse_args(argv=None):
     """Command-line options (see --help)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -193,10 +197,13 @@ def parse_args(argv=None):
                         help="start every condition of a seed from the scenario's warm-up SFT (train.warmup: SFT on "
                              "the expert until the accuracy among experts reaches accuracy_target, e.g. --set "
                              "train.warmup.accuracy_target=0.9), as marl run does")
-    parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of self and fixed on each game")
+    parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of self and fixed on each game, tiny models warmed up for 20 SFT steps")
     args = parser.parse_args(argv)
     if args.quick:  # what the comparison needs (the ratio's two conditions), not the whole table
         args.seeds, args.steps, args.eval_every, args.conditions = 1, 1, 1, "self,fixed"
+        # a tiny model warmed up for tens of SFT steps, not the default 300: the quick mode checks that
+        # the comparison runs and yields its ratio, not what a trained model is worth
+        args.settings = [f"train.warmup.sft_max_steps={QUICK_SFT_STEPS}", *args.settings]
     args.games = [game.strip() for game in args.games.split(",") if game.strip()]
     unknown = [game for game in args.games if game not in GAMES]
     if unknown or not args.games:
