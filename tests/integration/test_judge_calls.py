@@ -152,3 +152,25 @@ def test_on_the_ray_backend_the_judge_cache_has_one_writer_and_a_resume_asks_not
     assert _repeats(both) == {}
     assert summary["judges"]["critic"]["calls"] == len(both) - len(first)  # the workers' calls, counted centrally
     assert sorted(p.name for p in out.glob("judge_cache.sqlite*")) == ["judge_cache.sqlite"]  # closed: no WAL left
+
+
+def test_eval_reads_back_the_judgments_of_an_earlier_eval(demo_model_dir, tmp_path, capsys):
+    with JudgeServer(default=RATING) as server:
+        path, out = _judged_relay(tmp_path, server.url), tmp_path / "eval"
+        command = ["eval", str(path), "--set", "tasks.eval_count=4", "--tasks", "2", "--no-credit", "--out", str(out)]
+        assert main(command) == 0
+        paid = server.requests
+        assert paid > 0 and (out / "judge_cache.sqlite").is_file()
+        assert main(command) == 0
+        assert server.requests == paid
+    assert "judge critic: 0 calls to the endpoint (0 retries), " in capsys.readouterr().err
+
+
+def test_eval_with_every_judgment_failing_is_not_a_traceback(demo_model_dir, tmp_path, capsys):
+    with JudgeServer(default=("ok", "no verdict here")) as server:
+        path = _judged_relay(tmp_path, server.url)
+        code = main(["eval", str(path), "--set", "tasks.eval_count=4", "--tasks", "2", "--no-credit",
+                     "--out", str(tmp_path / "eval"), "--judge-cache", "off"])
+    captured = capsys.readouterr()
+    assert code == 0 and "Traceback" not in captured.err
+    assert captured.out.splitlines()[1].split() == ["pass_rate", "-"]  # no figure, never a number made up
