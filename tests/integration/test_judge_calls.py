@@ -173,4 +173,4 @@ def test_eval_with_every_judgment_failing_is_not_a_traceback(demo_model_dir, tmp
                      "--out", str(tmp_path / "eval"), "--judge-cache", "off"])
     captured = capsys.readouterr()
     assert code == 0 and "Traceback" not in captured.err
-    assert captured.out.splitlines()[1].split() == ["pass_rate", "-"]  # no figure, never a number made up
+    assert ["pass_rate", "-"] in [line.split() for line in captured.out.splitlines()]  # no figure, no made-up number
