@@ -22,9 +22,14 @@ def _quiet(message: str) -> None:
 
 
 def _finished_run(out: Path, *extra: str) -> Path:
+    """A finished run whose steps had a reward spread in every group (helpers/signal.py), so its policy
+    differs from the model it started from whatever the tiny model samples on this CPU."""
+    from helpers.signal import with_signal
     from trainers.run import RunOptions, run_scenario
 
-    run_scenario(RunOptions("relay", SMALL + list(extra), out=str(out), tracker="none"), log=_quiet)
+    with pytest.MonkeyPatch.context() as patch:
+        with_signal(patch)
+        run_scenario(RunOptions("relay", SMALL + list(extra), out=str(out), tracker="none"), log=_quiet)
     return out
 
 

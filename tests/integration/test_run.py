@@ -17,6 +17,7 @@ import torch
 from trainers.cli.main import main
 from helpers.scenario_files import race_yaml
 from helpers.paths import SCENARIOS
+from helpers.signal import by_seed, with_signal
 
 SMALL = ["train.prompts_per_step=2", "train.group_size=4", "tasks.count=60", "tasks.eval_count=8",
          "train.warmup.rl_steps=0", "train.checkpoint_every=1"]
@@ -48,6 +49,7 @@ def test_two_step_run_trains_every_policy_and_logs_to_wandb(demo_model_dir, tmp_
     from helpers.wandb_reader import read_offline_run, table_rows
 
     monkeypatch.setenv("WANDB_MODE", "offline")
+    with_signal(monkeypatch)  # a reward spread in every group, whatever the tiny model samples: both policies update
     out = tmp_path / "run"
     code = main(["run", "relay", *_settings("train.steps=2", "agents.0.policy=own"), "--out", str(out),
                  "--tracker", "wandb"])
@@ -171,7 +173,7 @@ def test_self_play_trains_against_frozen_snapshots_and_logs_ratings(demo_model_d
     assert trainer.pool is not None and set(trainer.learners) == {"shared"}
     learner, opponent = trainer.actors["shared"].model, trainer.actors["opponent"].model
     start = {name: p.detach().clone() for name, p in learner.named_parameters()}
-    metrics = [trainer.step() for _ in range(3)]
+    metrics = [trainer.step(reward_transform=by_seed) for _ in range(3)]  # by_seed: every step has a signal
     assert all(m["selfplay/against_snapshot"] == 1.0 for m in metrics)
     assert [m["selfplay/pool_size"] for m in metrics] == [2, 3, 4]
     assert all("selfplay/rating/learner" in m for m in metrics)
@@ -262,7 +264,7 @@ def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, t
         left = {name: p.detach().clone() for name, p in trainer.actors["left"].model.named_parameters()}
         final = {name: p.detach().clone() for name, p in trainer.actors["shared"].model.named_parameters()}
         for _ in range(2):
-            metrics = trainer.step()
+            metrics = trainer.step(reward_transform=by_seed)  # a spread in every group: the learner updates
         assert server.requests == 2 * 8  # right speaks once in each of the 8 episodes of both steps
     episodes = trainer.last_step.episodes
     rights = [turn for episode in episodes for turn in episode.turns if turn.agent == "right"]
@@ -354,9 +356,11 @@ def test_eval_every_logs_held_out_figures_during_the_run_and_changes_no_training
 def test_a_start_with_no_signal_is_said_plainly_and_a_learnable_one_is_not(demo_model_dir, tmp_path, capsys):
     """left and right say nothing (scripted 'null') and only the exact answer scores (no format layer), so
     final, seeing '+=', is never right: every group of plays scores alike (0), and the run says so after
-    its first steps. Plain relay has a signal (some sums right, some wrong) and says nothing."""
+    its first steps. With a final that answers right on every other play of a task (scripted, so the spread
+    does not rest on what the tiny model samples), every group has a signal and nothing is said."""
     silent = ["agents.0.policy='null'", "agents.1.policy='null'", "rewards.format=[]"]
-    for name, extra in (("silent", silent), ("relay", [])):
+    learnable = ["agents.2.policy=helpers.scripted:every_other_play"]
+    for name, extra in (("silent", silent), ("relay", learnable)):
         out = tmp_path / name
         assert main(["run", "relay", *_settings("train.steps=5", *extra), "--out", str(out), "--tracker", "jsonl"]) == 0
         printed = capsys.readouterr().out

@@ -250,11 +250,16 @@ RUN_OVERRIDES = ["tasks.eval_count=8", "agents.0.policy=own"]  # left trains its
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, demo_model_dir):
-    """A 2-step `marl run relay` on the tiny model: checkpoints hold model/ (right, final) and model-left/."""
+    """A 2-step `marl run relay` on the tiny model: checkpoints hold model/ (right, final) and model-left/.
+    Every group has a reward spread (helpers/signal.py), so both policies train whatever the model samples."""
+    from helpers.signal import with_signal
+
     out = tmp_path_factory.mktemp("eval") / "run"
-    code = main(["run", "relay", *_sets(RUN_OVERRIDES), "--set", "train.steps=2", "--set", "train.warmup.rl_steps=0",
-                 "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--tracker", "none",
-                 "--out", str(out)])
+    with pytest.MonkeyPatch.context() as patch:
+        with_signal(patch)
+        code = main(["run", "relay", *_sets(RUN_OVERRIDES), "--set", "train.steps=2",
+                     "--set", "train.warmup.rl_steps=0", "--set", "train.prompts_per_step=2",
+                     "--set", "train.group_size=2", "--tracker", "none", "--out", str(out)])
     assert code == 0
     return out
 
