@@ -3,8 +3,8 @@
 Per candidate, each layer (outcome, process, format) is the weighted mean of its scorers' scores;
 the total is sum(layer weight x layer score), divided by the weights of the layers that have scorers
 when `normalize` is on (the default, so the best total is 1), minus the penalties that apply. A scorer that could not
-decide (a failed Judgment) is left out of its layer; a layer with weight > 0 and no decided scorer
-makes the total NaN, which downstream is masked, never read as 0. A correct answer (outcome 1) that
+decide (a failed Judgment) is left out of its layer; a layer with weight > 0 and no decided scorer,
+or a penalty scorer that could not decide (a penalty is never dropped by failing), makes the total NaN, which downstream is masked, never read as 0. A correct answer (outcome 1) that
 shows none of the process markers still earns `process_credit_when_correct` (1/3) of the process
 layer: the process layer rewards showing work, not the lack of it.
 
@@ -94,6 +94,10 @@ class EpisodeScorer:
         total = self._layered_total(layer_scores)
         penalties = self._penalties(item, transcript, tool_calls, agent)
         total -= sum(p["amount"] for p in penalties if p["applied"])
+        if any(p["status"] != "ok" for p in penalties):
+            # a penalty scorer that could not decide (a judge's parse error the candidate's text can
+            # provoke, an endpoint down) must not drop the penalty: mask the episode, as a failed layer does
+            total = float("nan")
         return RewardBreakdown(total=total, layers=layer_scores, components=components, penalties=penalties,
                                blend=blended)
 
