@@ -16,8 +16,9 @@ that is removed at exit.
 
 Safety: every query runs on a connection opened read-only (`mode=ro`, `PRAGMA query_only`) with an
 authorizer that allows only reading (SELECT, READ, FUNCTION, RECURSIVE: no writes, ATTACH, PRAGMA or
-transactions), one statement, a progress-handler deadline (`timeout_s`), a row cap (`max_rows`) and
-a length limit on values. Predicted SQL that errors, writes, times out or returns too many rows scores
+transactions), one statement, a progress-handler deadline (`timeout_s`), a row cap (`max_rows`),
+a length limit on values (1 MB), a cap on result columns and on the bytes fetched (32 MB: "result too
+large"). Predicted SQL that errors, writes, times out or returns too many rows scores
 0 (the candidate's fault); a reference that fails gives failed('error' or 'timeout').
 """
 
@@ -41,11 +42,18 @@ from judges.types import Candidate, Item, Judgment, failed, passed
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                               sqlite3.SQLITE_RECURSIVE})
 _DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
-_MAX_VALUE_BYTES = 10_000_000
+# What a query may make the trainer's process hold: a value (string or blob) of at most 1 MB, at most
+# _MIN_COLUMNS result columns (or every column of the database, if more: `SELECT *` over a join of all
+# tables still works), and at most _MAX_RESULT_BYTES fetched in all. Rows are fetched one at a time and
+# measured, so a query that repeats a huge value (zeroblob) stops at the cap, never at the deadline.
+_MAX_VALUE_BYTES = 1_000_000
+_MIN_COLUMNS = 100
+_MAX_RESULT_BYTES = 32_000_000
 
 
 class QueryError(Exception):
-    """A query that could not produce a result: kind is 'error', 'timeout' or 'rows' (too many)."""
+    """A query that could not produce a result: kind is 'error', 'timeout', 'rows' (too many) or 'size'
+    (its values hold more bytes than the cap)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -74,32 +82,53 @@ def _authorize(action: int, arg1, arg2, database, source) -> int:
     return sqlite3.SQLITE_OK
 
 
-def run_query(path: str | Path, sql: str, *, timeout_s: float = 2.0, max_rows: int = 10_000) -> list[tuple]:
-    """The rows of `sql` on the database file at `path`, read-only; raises QueryError."""
+def run_query(path: str | Path, sql: str, *, timeout_s: float = 2.0, max_rows: int = 10_000,
+              max_bytes: int = _MAX_RESULT_BYTES) -> list[tuple]:
+    """The rows of `sql` on the database file at `path`, read-only; raises QueryError (kind 'size' when
+    the result holds more than `max_bytes` of values)."""
     if not sql.strip():
         raise QueryError("error", "empty query")
     connection = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False)
     try:
         connection.execute("PRAGMA query_only = ON")
-        if hasattr(connection, "setlimit"):
-            connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
-            connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        _limit(connection)
         deadline = time.monotonic() + timeout_s
         connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
         connection.set_authorizer(_authorize)
-        cursor = connection.execute(sql)
-        rows: list[tuple] = []
-        while chunk := cursor.fetchmany(1000):
-            rows.extend(chunk)
-            if len(rows) > max_rows:
-                raise QueryError("rows", f"more than {max_rows} rows")
-        return rows
+        return _fetch(connection.execute(sql), max_rows, max_bytes)
     except (sqlite3.Error, sqlite3.Warning, MemoryError, OverflowError, ValueError) as error:
         if "interrupted" in str(error):
             raise QueryError("timeout", f"timed out after {timeout_s:g} s") from None
         raise QueryError("error", f"{type(error).__name__}: {error}") from None
     finally:
         connection.close()
+
+
+def _limit(connection: sqlite3.Connection) -> None:
+    """Cap the length of a value, the number of result columns and ATTACH (see _MAX_VALUE_BYTES)."""
+    if not hasattr(connection, "setlimit"):  # Python < 3.11: the fetch cap still holds
+        return
+    columns = connection.execute("SELECT count(*) FROM sqlite_master m, pragma_table_info(m.name) "
+                                 "WHERE m.type = 'table'").fetchone()[0]
+    connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
+    connection.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, max(_MIN_COLUMNS, columns))
+    connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+
+
+def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int) -> list[tuple]:
+    """The cursor's rows, one at a time (a row is at most columns x _MAX_VALUE_BYTES), measured as
+    they come: QueryError('rows') past `max_rows`, QueryError('size', 'result too large') past
+    `max_bytes`, before the next row is fetched."""
+    rows: list[tuple] = []
+    size = 0
+    for row in cursor:
+        size += sum(len(value) if isinstance(value, (str, bytes)) else 8 for value in row)
+        if size > max_bytes:
+            raise QueryError("size", "result too large")
+        rows.append(row)
+        if len(rows) > max_rows:
+            raise QueryError("rows", f"more than {max_rows} rows")
+    return rows
 
 
 def _table_facts(connection: sqlite3.Connection) -> tuple[list[str], set[str], dict[str, set[str]]]:

@@ -176,3 +176,38 @@ def test_run_query_errors_have_kinds(database):
 def test_registry_resolves_the_database_against_the_scenario_folder(database):
     verifier = build_scorer("sql", {"database": database.name, "variants": 1}, base_dir=database.parent)
     assert score(verifier, PARIS_NAMES).score == 1.0
+
+
+def _rows_of(blob_bytes: int, rows: int) -> str:
+    return (f"SELECT zeroblob({blob_bytes}) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+            f"LIMIT {rows}) SELECT x FROM c)")
+
+
+def test_a_result_past_the_byte_cap_stops_there_and_scores_zero(database):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(QueryError) as error:  # 1000 rows of 100 kB (100 MB uncapped) against a 2 MB cap
+            run_query(database, _rows_of(100_000, 1000), max_bytes=2_000_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (error.value.kind, str(error.value)) == ("size", "result too large")
+    assert peak < 8_000_000  # the rows fetched were dropped at the cap, not all held
+    assert len(run_query(database, _rows_of(1000, 100), max_bytes=2_000_000)) == 100  # under the cap: every row
+
+
+def test_the_verifier_caps_a_repeated_blob_at_32_mb(database):
+    judgment = score(SQLVerifier(database, variants=0), _rows_of(900_000, 10_000))  # 9 GB uncapped
+    assert judgment.ok and judgment.score == 0.0 and judgment.rationale.endswith("result too large")
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT zeroblob(2000000)",  # a value past the 1 MB length limit
+    "SELECT " + ", ".join(["zeroblob(900000)"] * 200),  # more result columns than the database could need
+])
+def test_one_huge_value_or_row_is_refused_by_sqlite(database, query):
+    with pytest.raises(QueryError) as error:
+        run_query(database, query)
+    assert error.value.kind == "error" and "too" in str(error.value)
