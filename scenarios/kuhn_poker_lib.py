@@ -102,8 +102,12 @@ def referee(task, transcript) -> dict:
 
 
 def chips_score(item, candidate) -> float:
-    """(chips the candidate player won + 2) / 4: 0 for losing 2, 1 for winning 2 (0.5 before the end)."""
-    game = play(item, candidate.transcript)
+    """(chips the candidate player won + 2) / 4: 0 for losing 2, 1 for winning 2 (0.5 before the end).
+    The moves are read inside `candidate_input`: text no parser survives is the players' own score."""
+    from judges.types import candidate_input
+
+    with candidate_input("the moves"):
+        game = play(item, candidate.transcript)
     chips = game["chips"] if candidate.agent == "first" else -game["chips"]
     return (chips + 2) / 4
 

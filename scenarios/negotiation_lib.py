@@ -87,10 +87,15 @@ def agreement(transcript) -> tuple[str, dict] | None:
 
 
 def payoff_score(item, candidate) -> float:
-    """The candidate agent's payoff / fair share, clipped to [0, 1]; 0 without a valid agreement."""
+    """The candidate agent's payoff / fair share, clipped to [0, 1]; 0 without a valid agreement.
+    The transcript is parsed inside `candidate_input`: a proposal no parser survives (a count past
+    int's digit limit) is the agents' own 0, never a masked episode."""
+    from judges.types import candidate_input
+
     meta = item.metadata
     pool = parse_counts(meta["pool"])
-    deal = agreement(candidate.transcript)
+    with candidate_input("the agreement"):
+        deal = agreement(candidate.transcript)
     if deal is None:
         return 0.0
     proposer, claimed = deal

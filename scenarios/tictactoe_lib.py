@@ -86,8 +86,12 @@ def referee(task, transcript) -> dict:
 
 
 def outcome_score(item, candidate) -> float:
-    """1 when the candidate player did not lose, else 0 (see the module docstring)."""
-    game = play(candidate.transcript)
+    """1 when the candidate player did not lose, else 0 (see the module docstring). The moves are read
+    inside `candidate_input`: text no parser survives is the players' own score, never a mask."""
+    from judges.types import candidate_input
+
+    with candidate_input("the moves"):
+        game = play(candidate.transcript)
     return 0.0 if game["result"] not in (None, "draw", candidate.agent) else 1.0
 
 

@@ -147,26 +147,38 @@ def _calls_before_final_message(candidate) -> list:
 
 def correct_after_weather(item, candidate) -> float:
     """1 for the right verdict, but only when a successful get_weather call for the asked city came in
-    an earlier message than the answer (an answer written before seeing the weather does not count)."""
-    said = verdict(candidate.text)
-    if said is None or said != str(item.answer).lower():
-        return 0.0
+    an earlier message than the answer (an answer written before seeing the weather does not count).
+    The answer and the calls' arguments (the agent's text) are read inside `candidate_input`."""
+    from judges.types import candidate_input
+
     city = str(item.metadata.get("city", "")).casefold()
-    looked = any(call.ok and call.name == "get_weather"
-                 and " ".join(str(call.arguments.get("city", "")).split()).casefold() == city
-                 for call in _calls_before_final_message(candidate))
+    with candidate_input("the answer and the tool calls"):
+        said = verdict(candidate.text)
+        if said is None or said != str(item.answer).lower():
+            return 0.0
+        looked = any(call.ok and call.name == "get_weather"
+                     and " ".join(str(call.arguments.get("city", "")).split()).casefold() == city
+                     for call in _calls_before_final_message(candidate))
     return 1.0 if looked else 0.0
 
 
 def both_tools_called(item, candidate) -> float:
     """1 when both get_weather and get_air_quality were called successfully by the agent, else 0."""
-    names = {call.name for call in candidate.tool_calls if call.ok and call.agent == candidate.agent}
+    from judges.types import candidate_input
+
+    with candidate_input("the tool calls"):
+        names = {str(call.name) for call in candidate.tool_calls if call.ok and call.agent == candidate.agent}
     return 1.0 if {"get_weather", "get_air_quality"} <= names else 0.0
 
 
 def not_answered_blind(item, candidate) -> float:
     """Penalty scorer: 0 (the penalty applies) when the agent gave an answer without making any successful
-    tool call; 1 otherwise. Saying nothing is not an answer, so the silent agent is not penalised."""
-    if verdict(candidate.text) is None:
+    tool call; 1 otherwise. Saying nothing is not an answer, so the silent agent is not penalised.
+    The answer is read inside `candidate_input`: text no parser survives earns the penalty (a 0)."""
+    from judges.types import candidate_input
+
+    with candidate_input("the answer"):
+        answered = verdict(candidate.text) is not None
+    if not answered:
         return 1.0
     return 1.0 if any(call.ok and call.agent == candidate.agent for call in candidate.tool_calls) else 0.0
