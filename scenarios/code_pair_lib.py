@@ -261,19 +261,88 @@ FAMILY_KS = range(2, 14)
 HELD_OUT_FILLS = 20  # family fills held out: the last tasks, where tasks.eval_count takes them from
 
 
+# How a tester's arguments are compared with the prompt's visible examples: tuple, list and str as
+# sequences of their items (a one-character str is an item), sets sorted, bool/int/float as numbers,
+# so `running_max((1, 3, 2))`, `count_char(['b', 'a', ...], 'a')` or `add_numbers(2.0, True + 2)` is
+# the example `running_max([1, 3, 2])` respelt. One source, run here (the scorer) and written into
+# each fitted known-wrong implementation (the wrapper below), so both compare alike.
+_NORMALISED_SOURCE = """
+def _marl_normalised(value):
+    if isinstance(value, (bool, int, float)):
+        number = int(value) if isinstance(value, bool) else value
+        return ("number", int(number) if isinstance(number, float) and number.is_integer() else number)
+    if isinstance(value, str):
+        return ("item", value) if len(value) == 1 else ("sequence", tuple(("item", c) for c in value))
+    if isinstance(value, (list, tuple)):
+        return ("sequence", tuple(_marl_normalised(item) for item in value))
+    if isinstance(value, (set, frozenset)):
+        items = [_marl_normalised(item) for item in value]
+        return ("sequence", tuple(sorted(items, key=lambda i: (i[0], i[1] if i[0] == "number" else repr(i)))))
+    if isinstance(value, dict):
+        pairs = ((_marl_normalised(k), _marl_normalised(v)) for k, v in value.items())
+        return ("mapping", tuple(sorted(pairs, key=repr)))
+    return ("other", repr(value))
+"""
+_namespace: dict = {}
+exec(_NORMALISED_SOURCE, _namespace)  # trusted: the text above
+normalised = _namespace["_marl_normalised"]
+normalised.__doc__ = "`value` as the example check compares it (see _NORMALISED_SOURCE)."
+
+
 def fit_examples(mutant: str, entry: str, examples: list[str], values: list[str]) -> str:
     """`mutant` made to return the reference's value (`values`, reprs) on each visible example's
     arguments, as a coder who fitted the prompt's examples would: a check copied from the prompt
-    (any spelling of the same arguments: keywords, 3.0 for 3) passes it, so it catches nothing.
+    (any spelling of the same arguments: keywords, 3.0 for 3, a tuple or a str for a list) passes
+    it, so it catches nothing. The arguments are compared `normalised`, as the scorer compares them.
     The wrapper keeps the mutant's parameters, so Python binds the call as it would the mutant's."""
+    from judges.rules.code_harness import decode_literal
+
     function = next(node for node in ast.parse(mutant).body
                     if isinstance(node, ast.FunctionDef) and node.name == entry)
     params = ", ".join(arg.arg for arg in function.args.args)
-    lines = [mutant.rstrip("\n"), f"_unfitted_{entry} = {entry}", "", "", f"def {entry}({params}):"]
+    lines = [mutant.rstrip("\n"), f"_unfitted_{entry} = {entry}", _NORMALISED_SOURCE, "",
+             f"def {entry}({params}):", f"    _arguments = _marl_normalised(({params},))"]
     for call, value in zip(examples, values):
-        arguments = ast.parse(call, mode="eval").body.args
-        lines += [f"    if ({params},) == {ast.unparse(ast.Tuple(arguments, ast.Load()))}:", f"        return {value}"]
+        arguments = tuple(decode_literal(ast.unparse(arg)) for arg in ast.parse(call, mode="eval").body.args)
+        lines += [f"    if _arguments == {normalised(arguments)!r}:", f"        return {value}"]
     return "\n".join(lines + [f"    return _unfitted_{entry}({params})", ""])
+
+
+def signature_params(signature: str) -> list[list[str]]:
+    """[[name, annotation], ...] of a `name(a: int, xs: list[int]) -> ...` signature ('' unannotated)."""
+    function = ast.parse(f"def {signature.split(' -> ')[0]}: pass").body[0]
+    return [[arg.arg, ast.unparse(arg.annotation) if arg.annotation else ""] for arg in function.args.args]
+
+
+def fits(value, annotation: str) -> bool:
+    """True when `value` has the declared type `annotation` (int, float, str, bool, None, list[int],
+    list[list], dict[str, int], X | Y; an int is a float, a bool is neither; unknown names fit)."""
+    return _fits(value, ast.parse(annotation, mode="eval").body) if annotation else True
+
+
+_KINDS = {"int": int, "float": (int, float), "str": str, "bool": bool, "list": list, "dict": dict,
+          "tuple": tuple, "set": set}
+
+
+def _fits(value, node: ast.AST) -> bool:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _fits(value, node.left) or _fits(value, node.right)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return value is None
+    name = node.value.id if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) else \
+        node.id if isinstance(node, ast.Name) else None
+    if name not in _KINDS:
+        return True  # an annotation this check does not know (Any, a class) rejects nothing
+    if not isinstance(value, _KINDS[name]) or (isinstance(value, bool) and name != "bool"):
+        return False
+    if not isinstance(node, ast.Subscript):
+        return True
+    inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if name in ("list", "set"):
+        return all(_fits(item, inner[0]) for item in value)
+    if name == "dict" and len(inner) == 2:
+        return all(_fits(k, inner[0]) and _fits(v, inner[1]) for k, v in value.items())
+    return True
 
 
 def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: list[str], solution: str,
@@ -285,6 +354,7 @@ def _task(entry: str, signature: str, spec: str, examples: list[str], hidden: li
         "prompt": f"Write def {signature}. {spec} Example: {'; '.join(shown)}",
         "metadata": {
             "entry": entry,
+            "params": signature_params(signature),  # [name, declared type]: a tester's arguments must fit them
             "examples": shown,
             "tests": [{"call": call, "expected": value} for call, value in zip(hidden, _evaluate(solution, hidden))],
             "solution": solution,
@@ -396,6 +466,56 @@ def _call_test(line: str, entry: str) -> tuple[str, str] | None:
     return None
 
 
+def earns_nothing(call: str, metadata: dict) -> bool:
+    """True when a tester's check of `call` (its literal arguments) can earn nothing: the arguments do
+    not bind to the function's parameters or do not fit their declared types (metadata["params"];
+    `times_k('')`, `add_numbers('a', 'b')`: a wrong type that only breaks a wrong implementation), or
+    they are a visible example's arguments respelt (`normalised`: a tuple or a str for the list)."""
+    params = metadata.get("params") or _params_of_examples(metadata)
+    names = [name for name, _ in params]
+    arguments = _bound(ast.parse(call, mode="eval").body, names)
+    if arguments is None or not all(fits(value, annotation) for value, (_, annotation) in zip(arguments, params)):
+        return True
+    key = normalised(tuple(arguments))
+    for example in metadata.get("examples", []):
+        shown = _bound(ast.parse(example, mode="eval").body.left, names)
+        if shown is not None and normalised(tuple(shown)) == key:
+            return True
+    return False
+
+
+def _earns_nothing_or_unreadable(call: str, metadata: dict) -> bool:
+    try:
+        return earns_nothing(call, metadata)
+    except Exception:  # arguments too deep to compare (RecursionError): that line's loss, not the tester's
+        return True
+
+
+def _params_of_examples(metadata: dict) -> list[list[str]]:
+    """For a task without metadata["params"] (written before it existed): positional parameters typed
+    as the first visible example's arguments are."""
+    from judges.rules.code_harness import decode_literal
+
+    call = ast.parse(metadata["examples"][0], mode="eval").body.left
+    kinds = [type(decode_literal(ast.unparse(arg))).__name__ for arg in call.args]
+    return [[f"_{index}", kind if kind in _KINDS else ""] for index, kind in enumerate(kinds)]
+
+
+def _bound(call: ast.AST, names: list[str]) -> list | None:
+    """The call's literal arguments in parameter order (keywords placed by name); None when they do
+    not bind (too many or too few, an unknown or repeated name)."""
+    from judges.rules.code_harness import decode_literal
+
+    if not isinstance(call, ast.Call) or len(call.args) > len(names):
+        return None
+    bound = dict(zip(names, (decode_literal(ast.unparse(arg)) for arg in call.args)))
+    for keyword in call.keywords:
+        if keyword.arg not in names or keyword.arg in bound:
+            return None
+        bound[keyword.arg] = decode_literal(ast.unparse(keyword.value))
+    return [bound[name] for name in names] if len(bound) == len(names) else None
+
+
 def _claims(code: str, calls: list[str], entry: str) -> list:
     from judges.rules.code_harness import Claim, evaluate
 
@@ -407,7 +527,8 @@ def tester_tests_valid(item, candidate):
     """The tester's score: the share of its `assert` lines that are discriminating checks.
 
     A line earns credit only if it is `assert <function>(<literals>) == <literal>` (either side; one
-    of the first MAX_CHECKS such lines, repeats counted once), the reference solution returns that
+    of the first MAX_CHECKS such lines, repeats counted once), its arguments fit the declared types
+    and are no visible example's, respelt or not (`earns_nothing`), the reference solution returns that
     literal, AND at least one known-wrong implementation (metadata["mutants"]) does not. Each
     implementation runs in a sandbox process of its own, on data only (no line of the tester's runs
     as code anywhere), and the comparisons are made here. So `assert True`, `assert True or f()`,
@@ -422,7 +543,8 @@ def tester_tests_valid(item, candidate):
     with candidate_input("the tester's asserts"):  # a failure parsing them is the tester's 0, never a mask
         lines = _ASSERT.findall(text)
         tests = list(dict.fromkeys(test for test in (tester_call_test(line, entry) for line in lines) if test))
-    tests = tests[:MAX_CHECKS]
+        # a wrong-typed argument or a respelt visible example earns nothing (the line still counts below)
+        tests = [test for test in tests[:MAX_CHECKS] if not _earns_nothing_or_unreadable(test[0], item.metadata)]
     if not lines or not tests:
         return 0.0
     try:

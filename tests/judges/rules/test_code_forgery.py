@@ -6,6 +6,7 @@ with the scenario's own reward path (marl's EpisodeScorer over judges.rules.code
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from types import SimpleNamespace
 
@@ -172,6 +173,10 @@ def test_a_failure_reason_holds_no_text_of_the_candidates_choosing():
     ("assert add_numbers(2, 3) == 6\nAPPROVED", 0.0),  # wrong for the reference
     ("assert add_numbers(2, 3) == 5\nAPPROVED", 0.0),  # the prompt's example: every known-wrong one passes it
     ("assert 5 == add_numbers(b=3, a=2)\nassert add_numbers(2.0, 3) == 5.0\nAPPROVED", 0.0),  # the same, respelt
+    ("assert add_numbers('a', 'b') == 'ab'\nAPPROVED", 0.0),  # str for int: breaks only the wrong ones
+    ("assert add_numbers(True, 2) == 3\nAPPROVED", 0.0),  # a bool is not an int argument
+    ("assert add_numbers(3.0, 2) == 5.0\nAPPROVED", 0.0),  # nor is a float
+    ("assert add_numbers(3, 2, 1) == 6\nassert add_numbers(3, c=2) == 5\nAPPROVED", 0.0),  # does not bind
     ("assert add_numbers(3, 2) == 5\nAPPROVED", 1.0),
     ("assert add_numbers(-4, 9) == 5\nassert True\nAPPROVED", 0.5),
     ("assert 5 == add_numbers(b=2, a=3)\nassert add_numbers(3, 2) == 5\nassert add_numbers(2, 3) == 5", 2 / 3),
@@ -194,6 +199,43 @@ def test_the_forging_coder_gets_no_reference_from_the_kernel_layers_alone():
     assert result.layers == ("landlock", "seccomp")
     assert report.loaded and [claim.kind for claim in report.claims] == ["raise", "raise"]
     assert [claim.text for claim in report.claims] == ["NameError", "NameError"]  # nothing was defined
+
+
+@pytest.mark.parametrize("entry, tester, score", [
+    ("running_max", "assert running_max((1, 3, 2)) == [1, 3, 3]", 0.0),  # the example, a tuple for the list
+    ("running_max", "assert running_max([5, 4, 6, 1]) == [5, 5, 6, 6]", 1.0),  # a new input earns
+    ("vowel_positions", "assert vowel_positions(['b', 'a', 'n', 'a', 'n', 'a']) == [1, 3, 5]", 0.0),  # list for str
+    ("vowel_positions", "assert vowel_positions('AbEcI') == [0, 2, 4]", 1.0),
+    ("count_char", "assert count_char(('b', 'a', 'n', 'a', 'n', 'a'), 'a') == 3", 0.0),
+    ("count_above_k", "assert count_above_k({1, 5, 9, 13, 17}) == {above}", 0.0),  # a set for the list
+    ("count_above_k", "assert count_above_k((1, 5, 9, 13, 17)) == {above}", 0.0),
+    ("count_above_k", "assert count_above_k([1.0, 5, 9, 13.0, 17]) == {above}", 0.0),  # floats for its ints
+    ("times_k", "assert times_k('') == ''", 0.0),  # wrong types that only break a wrong implementation
+    ("first_k", "assert first_k('a') == 'a'", 0.0),
+    ("first_k", "assert first_k([7]) == [7]", 1.0),
+    ("mean_value", "assert mean_value((1, 2, 3)) == 2.0", 0.0),
+    ("mean_value", "assert mean_value([2.5, 3]) == 2.75", 1.0),  # ints are floats: a list[float] takes them
+])
+def test_respelt_examples_and_wrong_types_earn_nothing_where_new_inputs_earn(entry, tester, score):
+    env = make_env("code_pair")
+    tester_tests_valid = env.scenario.resolve("code_pair_lib:tester_tests_valid")
+    task = next(t for t in env.tasks if t.metadata["entry"] == entry)
+    if "{above}" in tester:  # count_above_k's value depends on the fill's K
+        k = int(task.id.rsplit("-", 1)[1])
+        tester = tester.replace("{above}", str(sum(x > k for x in (1, 5, 9, 13, 17))))
+    item = Item(task.prompt, metadata=dict(task.metadata))
+    assert tester_tests_valid(item, Candidate(tester + "\nAPPROVED")) == pytest.approx(score)
+
+
+def test_a_fitted_wrong_implementation_answers_a_respelt_example_as_the_reference_does():
+    env = make_env("code_pair")
+    task = next(t for t in env.tasks if t.metadata["entry"] == "running_max")
+    assert task.metadata["params"] == [["xs", "list[int]"]]
+    for mutant in task.metadata["mutants"]:
+        namespace: dict = {}
+        exec(mutant, namespace)  # trusted: the scenario's own known-wrong implementation
+        assert namespace["running_max"]((1, 3, 2)) == namespace["running_max"](xs=[1.0, 3, 2]) == [1, 3, 3]
+        assert namespace["running_max"]([-3, -5, -1]) != [-3, -3, -1]  # and it is still wrong elsewhere
 
 
 def _outputs(source: str, calls: list[str]) -> list:
@@ -226,29 +268,45 @@ def test_every_known_wrong_implementation_passes_the_prompts_examples_and_fails_
             assert not _same(_outputs(mutant, hidden), _outputs(meta["solution"], hidden)), task.id
 
 
-def _copying_tester_scores(tasks) -> dict:
+def _respelt(example: str) -> str:
+    """The example's check with its arguments respelt: a list as a tuple, a str as a list of its
+    characters, an int as a float (the same arguments, normalised)."""
+    from judges.rules.code_harness import decode_literal
+
+    call = ast.parse(example, mode="eval").body.left
+    arguments = [decode_literal(ast.unparse(arg)) for arg in call.args]
+    respelt = [tuple(a) if isinstance(a, list) else list(a) if isinstance(a, str) and len(a) > 1
+               else float(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in arguments]
+    value = example.split(" == ", 1)[1]
+    return f"{call.func.id}({', '.join(map(repr, respelt))}) == {value}"
+
+
+def _copying_tester_scores(tasks, respell: bool = False) -> dict:
     env = make_env("code_pair")
     tester_tests_valid = env.scenario.resolve("code_pair_lib:tester_tests_valid")
     scores = {}
     for task in tasks:
-        copied = "\n".join(f"assert {example}" for example in task.metadata["examples"]) + "\nAPPROVED"
+        examples = task.metadata["examples"]
+        copied = "\n".join(f"assert {_respelt(e) if respell else e}" for e in examples) + "\nAPPROVED"
         scores[task.id] = tester_tests_valid(Item(task.prompt, metadata=dict(task.metadata)), Candidate(copied))
     return scores
 
 
-def test_a_tester_that_copies_the_prompts_examples_earns_nothing():
+@pytest.mark.parametrize("respell", [False, True])
+def test_a_tester_that_copies_the_prompts_examples_earns_nothing(respell):
     env = make_env("code_pair")
     tasks = [env.tasks[index] for index in (0, 1, 2, -1)]  # hand-written functions and family fills
     assert {t.metadata["entry"] for t in tasks} & {entry for entry, *_ in
                                                     env.scenario.resolve("code_pair_lib:generate_tasks")
                                                     .__globals__["FAMILIES"]}
-    assert set(_copying_tester_scores(tasks).values()) == {0.0}
+    assert set(_copying_tester_scores(tasks, respell).values()) == {0.0}
 
 
 @pytest.mark.slow
-def test_a_tester_that_copies_the_prompts_examples_earns_nothing_on_every_task():
+@pytest.mark.parametrize("respell", [False, True])
+def test_a_tester_that_copies_the_prompts_examples_earns_nothing_on_every_task(respell):
     env = make_env("code_pair")
-    scores = _copying_tester_scores(env.tasks)
+    scores = _copying_tester_scores(env.tasks, respell)
     assert len(scores) == 104 and set(scores.values()) == {0.0}, {k: v for k, v in scores.items() if v != 0.0}
 
 
