@@ -36,6 +36,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,8 @@ UNCONFINED_ENV = "MARL_SANDBOX_ALLOW_UNCONFINED"
 DISK_BLOCK = "filling the disk"
 DISK_BUDGET_BYTES = 1 << 30  # the audit hook's budget is WRITE_OPENS x FILE_LIMIT_BYTES = 256 MiB
 DISK_ENTRIES = 20_000  # files and folders a run may make (empty files fill a file system's inodes)
-DISK_CHECK_S = 0.1  # how often the run's directory is measured while it runs
+DISK_CHECK_S = 0.1  # how often the run's directory is measured while it runs (at most)
+DISK_CHECK_SPACING = 10  # and no sooner than this many times the last measure's duration (<= ~10% of a core)
 _CONTROL_LIMIT = 4096
 FILE_LIMIT_BYTES = 8 * 2**20
 WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
@@ -252,14 +254,23 @@ def _exited(pid: int) -> bool:
 
 class _DiskWatch:
     """Measures what the run itself has written: the blocks allocated under its own directory, the
-    only place Landlock lets it write. Native code can make files without the audit hook's write
-    budget, so a run past DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file
-    system's free space is not the measure: another process filling the same disk is not the run's doing."""
+    only place Landlock lets it write, and the files its processes hold open that no directory shows
+    (written then unlinked, O_TMPFILE, sqlite's temp files: `find` cannot see them, their blocks stay
+    taken until closed). Native code can make files without the audit hook's write budget, so a run
+    past DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file system's free
+    space is not the measure: another process filling the same disk is not the run's doing."""
 
-    def __init__(self, workdir: str):
-        self.workdir, self.exceeded, self.next_at = workdir, False, 0.0
+    def __init__(self, workdir: str, pgid: int | None = None, uid: int | None = None):
+        self.workdir, self.pgid, self.uid = workdir, pgid, uid
+        self.exceeded, self.next_at, self.cost = False, 0.0, 0.0
 
     def usage(self) -> tuple[int, int]:
+        """(bytes allocated, entries): the run directory's (`find`) and its processes' unlinked open files."""
+        size, entries = self._tree_usage()
+        held, files = _unlinked_open_files(_run_pids(self.pgid, self.uid))
+        return size + held, entries + files
+
+    def _tree_usage(self) -> tuple[int, int]:
         """(bytes allocated, entries) under the run directory, by `find` (it walks trees thousands
         deep, which Python's walks cannot); a folder the run made unreadable is made readable again
         first (it is the parent's tree), and what still cannot be measured counts as over the budget."""
@@ -277,15 +288,49 @@ class _DiskWatch:
         return DISK_BUDGET_BYTES + 1, 0
 
     def check(self, final: bool = False) -> bool:
-        """True (once) when the run has written more than its budget; measured at most every
-        DISK_CHECK_S while it runs (a walk of its directory), and once more when it has ended."""
+        """True (once) when the run has written more than its budget; measured while it runs at most
+        every DISK_CHECK_S, or DISK_CHECK_SPACING times as long as the last measure took (a tree of
+        19k files takes ~0.6 s to walk: walking it back to back would cost the trainer a core), and
+        once more when it has ended."""
         now = time.monotonic()
         if self.exceeded or (now < self.next_at and not final):
             return False
-        self.next_at = now + DISK_CHECK_S
         size, entries = self.usage()
+        self.cost = time.monotonic() - now
+        self.next_at = now + max(DISK_CHECK_S, DISK_CHECK_SPACING * self.cost)
         self.exceeded = size > DISK_BUDGET_BYTES or entries > DISK_ENTRIES
         return self.exceeded
+
+
+def _run_pids(pgid: int | None, uid: int | None) -> set[int]:
+    """The run's processes: those of its process group (the session it was started in) and of its
+    dedicated uid."""
+    pids = set(_processes_of(uid)) if uid is not None else set()
+    for entry in filter(str.isdigit, os.listdir("/proc")) if pgid else ():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
+            if int(fields[2]) == pgid:
+                pids.add(int(entry))
+    return pids
+
+
+def _unlinked_open_files(pids: set[int]) -> tuple[int, int]:
+    """(bytes allocated, count) of the regular files that `pids` hold open with no name left (nlink
+    0), each counted once. Files with a name are under the run directory, measured there. The parent
+    is root or the run's own user, so /proc/<pid>/fd is readable; a process gone meanwhile is skipped."""
+    seen: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                info = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, named or not
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+                    seen[info.st_dev, info.st_ino] = info.st_blocks * 512
+    return sum(seen.values()), len(seen)
 
 
 def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch):
@@ -380,7 +425,7 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
         proc = _launch(argv, workdir, stdin, pipes.child_ends())
         pipes.close_child_ends()
         capture = _Capture(proc, output_limit, pipes.control_r, pipes.channel_r)
-        disk = _DiskWatch(workdir)
+        disk = _DiskWatch(workdir, proc.pid, uid)  # start_new_session: its process group is its pid
         timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk)
         disk.check(final=True)  # what it wrote between the last measure and its exit counts too
         cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0

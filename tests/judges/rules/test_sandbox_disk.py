@@ -74,3 +74,50 @@ def test_the_watch_counts_the_blocks_under_the_run_directory_only(small_budget, 
     (run / "deep" / "er" / "big").write_bytes(b"x" * (small_budget + 1))
     os.chmod(run / "deep", 0)  # hidden from a walk that does not restore it
     assert watch.check(final=True) and watch.exceeded
+
+
+# Files the run holds open with no name left: `find` under the run directory cannot see them, their
+# blocks stay taken. Each case writes 32 MiB (past the 16 MiB budget) in files under the per-file limit
+# and holds them; without the watch seeing them, the run would only end at its timeout.
+_CHUNK = f"b'x' * {sandbox.FILE_LIMIT_BYTES - 4096}"
+HIDDEN_WRITERS = {
+    "unlinked": f"import os\nkeep = []\nfor i in range(4):\n    h = open(f'f{{i}}', 'wb')\n    h.write({_CHUNK})\n"
+                "    h.flush()\n    os.remove(f'f{i}')\n    keep.append(h)\n",
+    "O_TMPFILE": f"import os\nkeep = []\nfor i in range(4):\n    fd = os.open('.', os.O_TMPFILE | os.O_WRONLY, 0o600)\n"
+                 f"    os.write(fd, {_CHUNK})\n    keep.append(fd)\n",
+    "sqlite temp": "import sqlite3\nkeep = []\nfor i in range(5):\n    c = sqlite3.connect(':memory:')\n"
+                   "    c.execute('pragma temp_store=file')\n    c.execute('pragma cache_size=10')\n"
+                   "    c.execute('create temp table t(x)')\n    c.execute('insert into temp.t select zeroblob(60000) from "
+                   "(with recursive n(i) as (select 1 union all select i+1 from n limit 130) select i from n)')\n"
+                   "    keep.append(c)\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HIDDEN_WRITERS))
+def test_files_held_open_without_a_name_count_against_the_budget(small_budget, kind):
+    hold = "import time\ntime.sleep(1000)\n"  # held until the watch stops the run (else the timeout would)
+    judgment = _score(HIDDEN_WRITERS[kind] + hold + CORRECT)
+    assert judgment.status == "ok" and judgment.score == 0.0
+    assert judgment.rationale == f"the code attempted a blocked action ({sandbox.DISK_BLOCK})"
+
+
+def test_files_held_open_under_the_budget_are_allowed(small_budget):
+    judgment = _score("import os\nh = open('f', 'wb')\nh.write(b'x' * 2**20)\nh.flush()\nos.remove('f')\n" + CORRECT)
+    assert (judgment.score, judgment.rationale) == (1.0, "2/2 hidden tests passed")
+
+
+def test_a_slow_measure_is_spaced_out_in_proportion(tmp_path, monkeypatch):
+    """A walk that took long (a tree of many files) is not repeated sooner than DISK_CHECK_SPACING
+    times its duration, so watching a big tree costs a bounded share of the trainer's CPU."""
+    class SlowTree(sandbox._DiskWatch):
+        def usage(self):
+            import time
+            time.sleep(0.05)  # stands for a walk of ~2k files
+            return 0, 1
+
+    monkeypatch.setattr(sandbox, "DISK_CHECK_S", 0.0)
+    watch = SlowTree(str(tmp_path))
+    import time
+    started = time.monotonic()
+    assert not watch.check()
+    assert watch.cost >= 0.05 and watch.next_at >= started + sandbox.DISK_CHECK_SPACING * 0.05
