@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import subprocess
+import re
 import sys
 import time
 from pathlib import Path
@@ -225,10 +226,16 @@ def test_a_judge_that_fails_mid_run_is_masked_counted_and_reported(demo_model_di
     scenarios = SCENARIOS
     shutil.copy(scenarios / "relay_lib.py", tmp_path / "relay_lib.py")
     calls = itertools.count()
+    first_number = re.compile(r"\[Question\]\n\((\d+)\+")
 
-    def flaky(body):  # every other request fails once training has started (the first 8 are the eval)
-        n = next(calls)
-        return ("ok", "Rating: [[8]]") if n < 8 or n % 2 else ("status", 400)
+    def flaky(body):
+        """Once training has started (the first 8 requests are the held-out evaluation's), a request
+        about a task whose first number is above 30 fails: what fails depends on the tasks drawn
+        (seeded), never on what the model sampled, so the count of masked episodes is the same on every CPU."""
+        if next(calls) < 8:
+            return ("ok", "Rating: [[8]]")
+        first = int(first_number.search(body["messages"][-1]["content"]).group(1))
+        return ("status", 400) if first > 30 else ("ok", "Rating: [[8]]")
 
     with JudgeServer(default=flaky) as server:
         path = write_judged_relay(scenarios, server.url, tmp_path)
