@@ -109,3 +109,38 @@ class JudgeCounts:
                 metrics[f"judge/{judge}/{name}"] = float(value - before.get(name, 0))
         self.seen = now
         return metrics
+
+
+def open_run_judge_cache(scenario, out: Path) -> None:
+    """The run's judge cache, OUT/judge_cache.sqlite, opened in the installed ledger (when a judge has an endpoint)."""
+    from judges.model.ledger import active
+
+    ledger = active()
+    if ledger is not None and endpoint_judges(scenario.spec):
+        ledger.open_cache(str(out / CACHE_FILE))
+
+
+def drain_judge_lines(log) -> None:
+    """Log the endpoint health lines the ledger kept (the Ray backend's ledger actor cannot print them)."""
+    from judges.model.ledger import active
+
+    ledger = active()
+    for line in ledger.drain() if ledger is not None else ():
+        log(line)
+
+
+def all_masked(figures) -> bool:
+    """Whether an evaluation masked every one of its episodes (so it has no team success to report)."""
+    return bool(figures) and figures.get("episodes", 0) > 0 and figures.get("masked_episodes") == figures["episodes"]
+
+
+def all_masked_line(figures: dict, when: str) -> str:
+    """Why the held-out evaluation has no figures, and what to do, in one line."""
+    from judges.model.ledger import active
+
+    ledger = active()
+    failing = ledger.failing() if ledger is not None else {}
+    why = "; ".join(f"judge endpoint {url} failing: {error}" for url, error in failing.items()) or (
+        "a scorer or judge failed on each (marl rollout SCENARIO shows the failing scorer)")
+    return (f"the held-out evaluation {when}: every one of its {figures['episodes']:.0f} episodes was masked, so "
+            f"there is no team success to report ({why}); fix the judge, then run again (or --resume)")

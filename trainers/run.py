@@ -257,13 +257,14 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     from trainers.runs.rundir import open_run_directory
     from trainers.team.budgets import log_budget_curve
     from trainers.team.evaluation import evaluate_team
+    from trainers.judging import all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache
     from trainers.stages.warmup import sft_warmup_stage, stage_plan
 
     from trainers import continual
 
     spec, train = scenario.spec, scenario.spec.train
     resumed = open_run_directory(out, options.resume, log)
-    _open_judge_cache(scenario, out)  # in the run directory: a resume reads back every judgment already paid for
+    open_run_judge_cache(scenario, out)  # in the run directory: a resume reads back every judgment already paid for
     continual.mark(out, trainer)  # --init-from: recorded before anything can fail, so a resume stays continual
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
         from judges.rules.sandbox import describe
@@ -278,9 +279,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
         before = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
-        _drain_judge_lines(log)
-        if _all_masked(before):  # nothing to compare the run against, and the judges fail on every episode
-            raise RunError(_all_masked_line(before, "before training"))
+        drain_judge_lines(log)
+        if all_masked(before):  # nothing to compare the run against, and the judges fail on every episode
+            raise RunError(all_masked_line(before, "before training"))
         write_text_atomically(out / "before.json", json.dumps(before))
     if before and "team_success" in before:
         log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
@@ -296,9 +297,9 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         _train(trainer, plan, train_tasks, tracker, out, log, eval_tasks)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents) if eval_tasks else {}
-        _drain_judge_lines(log)
-        if _all_masked(after):
-            log(_all_masked_line(after, "after training"))
+        drain_judge_lines(log)
+        if all_masked(after):
+            log(all_masked_line(after, "after training"))
         write_text_atomically(out / "after.json", json.dumps(after))
         kept = continual.finish(out, trainer, kept, log)  # and after: the forgetting
         budget_section = log_budget_curve(trainer, eval_tasks, tracker, out, log)  # train.budget_curve; [] by default
@@ -328,7 +329,7 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
     from trainers.stages.warmup import stage_at
 
     from judges.model.ledger import active
-    from trainers.judging import JudgeCounts
+    from trainers.judging import JudgeCounts, drain_judge_lines
 
     total = sum(steps for _, steps in plan)
     progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
@@ -342,7 +343,7 @@ def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
             metrics.update(old_evaluation_due(trainer, metrics, log))  # and its old held-out set
             metrics.update(judge_counts.step())
-            _drain_judge_lines(log)
+            drain_judge_lines(log)
             if len(signals) < WEAK_START_STEPS:  # judged at step 5 exactly (a shorter run is not judged)
                 signals.append(metrics.get("train/signal_groups", math.nan))
                 if len(signals) == WEAK_START_STEPS:
@@ -447,42 +448,6 @@ def _tracker(options: RunOptions, scenario, out: Path, step: int):
     tracking = scenario.spec.train.tracking
     return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
-
-
-def _open_judge_cache(scenario, out: Path) -> None:
-    """The run's judge cache, OUT/judge_cache.sqlite, opened in the installed ledger (when a judge has an endpoint)."""
-    from judges.model.ledger import active
-    from trainers.judging import CACHE_FILE, endpoint_judges
-
-    ledger = active()
-    if ledger is not None and endpoint_judges(scenario.spec):
-        ledger.open_cache(str(out / CACHE_FILE))
-
-
-def _drain_judge_lines(log) -> None:
-    """Log the endpoint health lines the ledger kept (the Ray backend's ledger actor cannot print them)."""
-    from judges.model.ledger import active
-
-    ledger = active()
-    for line in ledger.drain() if ledger is not None else ():
-        log(line)
-
-
-def _all_masked(figures) -> bool:
-    """Whether an evaluation masked every one of its episodes (so it has no team success to report)."""
-    return bool(figures) and figures.get("episodes", 0) > 0 and figures.get("masked_episodes") == figures["episodes"]
-
-
-def _all_masked_line(figures: dict, when: str) -> str:
-    """Why the held-out evaluation has no figures, and what to do, in one line."""
-    from judges.model.ledger import active
-
-    ledger = active()
-    failing = ledger.failing() if ledger is not None else {}
-    why = "; ".join(f"judge endpoint {url} failing: {error}" for url, error in failing.items()) or (
-        "a scorer or judge failed on each (marl rollout SCENARIO shows the failing scorer)")
-    return (f"the held-out evaluation {when}: every one of its {figures['episodes']:.0f} episodes was masked, so "
-            f"there is no team success to report ({why}); fix the judge, then run again (or --resume)")
 
 
 def _read_json(path: Path):
