@@ -539,8 +539,8 @@ class OpenAIBackend:
         No retries: a probe is there to fail fast."""
         client = self._client_for_running_loop()
         try:
-            await asyncio.wait_for(client.models.list(), timeout=min(timeout_s, self.timeout_s))
-            return None
+            page = await asyncio.wait_for(client.models.list(), timeout=min(timeout_s, self.timeout_s))
+            return self._unlisted_model(page)
         except Exception as exc:  # noqa: BLE001 - every failure is the probe's answer
             failure = classify_error(exc)
             if not failure.error.startswith("404:"):
@@ -552,6 +552,17 @@ class OpenAIBackend:
             return None
         except Exception as exc:  # noqa: BLE001
             return _with_cause(classify_error(exc).error, exc)
+
+    def _unlisted_model(self, page) -> str | None:
+        """A 404-style error when the endpoint lists its models and this judge's model is not among them
+        (vLLM, SGLang, Ollama and hosted APIs list every name they serve, LoRA adapters included); None
+        when it is listed or the listing is empty (an endpoint that lists nothing says nothing)."""
+        served = [str(getattr(model, "id", "")) for model in (getattr(page, "data", None) or [])]
+        served = [name for name in served if name]
+        if not served or self.model in served:
+            return None
+        shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+        return f"404: model {self.model!r} is not served there (it serves {shown})"
 
     async def complete_many(self, requests: Sequence[ChatRequest],
                             progress: Callable[[int, int], None] | None = None) -> list[ChatResponse]:

@@ -234,7 +234,7 @@ def _make_handler(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
             if self.path.rstrip("/") != "/v1/models":
                 self._send(404, {}, json.dumps(_error_body(404, "not found")).encode())
                 return
-            names = server.models or ("judge-model",)
+            names = server.models or ()  # a server that answers any model lists none (a probe then checks nothing)
             data = [{"id": name, "object": "model", "created": 0, "owned_by": "judge-server"} for name in names]
             self._send(200, {}, json.dumps({"object": "list", "data": data}).encode())
 

@@ -99,6 +99,17 @@ def test_a_judge_where_nothing_listens_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # nothing was built or written
 
 
+def test_a_judge_model_the_endpoint_does_not_serve_is_one_line_and_exit_2(tmp_path, capsys):
+    with JudgeServer(models=("other-judge",)) as server:
+        path = _judged_relay(tmp_path, server.url)
+        assert main(["rollout", str(path), "--episodes", "2"]) == 2
+        assert server.requests == 0  # found by listing the models: no chat request paid for
+    captured = capsys.readouterr()
+    [line] = captured.err.strip().splitlines()
+    assert "model 'judge' is not served there (it serves other-judge)" in line and server.url in line
+    assert "check judges[critic].model" in line and "Traceback" not in captured.err + captured.out
+
+
 def test_an_endpoint_that_fails_mid_rollout_and_recovers_is_a_line_each_way(tmp_path, capsys):
     """The expert plays three held-out tasks in order; every request about the second one fails (503, no wait)."""
     from marl.scenario.load import load_scenario

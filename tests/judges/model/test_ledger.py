@@ -116,3 +116,12 @@ def test_a_probe_names_a_dead_endpoint_and_passes_a_live_one(backend_at):
     with JudgeServer() as server:
         assert run_sync(backend_at(server.url).probe()) is None
         assert server.requests == 0  # it listed the models: no chat request, no tokens
+
+
+def test_a_probe_names_a_model_the_endpoint_does_not_serve(backend_at):
+    with JudgeServer(models=("qwen-judge", "llama-judge")) as server:
+        error = run_sync(backend_at(server.url).probe())
+        assert error == f"404: model {MODEL!r} is not served there (it serves qwen-judge, llama-judge)"
+        assert server.requests == 0
+    with JudgeServer(models=(MODEL,)) as server:
+        assert run_sync(backend_at(server.url).probe()) is None
