@@ -103,12 +103,19 @@ def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_pa
     while process.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
         time.sleep(0.2)  # waits for the event (two logged steps), not for a time
     assert process.poll() is None, process.communicate()[0][-3000:]
+    mine = workers() - already  # the run's two rollout workers, playing its steps
+    assert mine, "no rollout worker of the run was found while it played"
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130, output
     assert "checkpoint written at step" in output and "Traceback" not in output
     assert (out / "checkpoints" / "latest").is_file()
-    assert not workers() - already  # the run's local cluster and its workers are gone
+    # the run's workers are gone (the raylet stops them as the run exits; a hang guard, not a timing)
+    import psutil
+
+    _, alive = psutil.wait_procs([psutil.Process(int(pid)) for pid in mine if psutil.pid_exists(int(pid))],
+                                 timeout=120)
+    assert alive == []
 
 
 def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_dir):
