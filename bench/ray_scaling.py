@@ -73,10 +73,10 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2", help="Ray worker counts, comma-separated (default 1,2)")
     parser.add_argument("--cpus-per-worker", type=float, default=0.5,
                         help="train.ray.num_cpus (default 0.5: two workers fit beside the driver on 2 cores)")
-    parser.add_argument("--quick", action="store_true", help="1 timed step of 2 prompts x 2")
+    parser.add_argument("--quick", action="store_true", help="1 timed step of 2 prompts x 2, 2 Ray workers only")
     args = parser.parse_args()
-    if args.quick:
-        args.steps = 1
+    if args.quick:  # one Ray condition (the ratio's): each condition is a cluster's worth of start-up
+        args.steps, args.workers = 1, "2"
     sys.path.insert(0, str(ROOT))
     if importlib.util.find_spec("ray") is None:
         print("ratio: skipped (ray is not installed: pip install -e '.[ray]'; anchor: the local backend)")
