@@ -45,18 +45,24 @@ def pytest_sessionfinish(session):
         os.unlink(log.name)
 
 
-def _needs_a_built_model(item) -> bool:
-    return "demo_model_dir" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow") is not None
+def _start_order(item) -> int:
+    """0: needs no built model (runs while the demo model builds); 1: Ray (one long group, started
+    early so it is not the tail); 2: other slow tests; 3: the rest."""
+    if "demo_model_dir" not in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+        return 0
+    if item.get_closest_marker("ray") is not None:
+        return 1
+    return 2 if item.get_closest_marker("slow") is not None else 3
 
 
 def pytest_collection_modifyitems(config, items):
     """Ray tests share one xdist worker (one local cluster at a time, `--dist loadgroup`); tests that
-    need no built model run first, giving the model build its head start (a stable sort: the order
-    within each part is the files' order)."""
+    need no built model run first, giving the model build its head start, then the long ones, so that
+    no long test is left for the end (a stable sort: within each part, the files' order)."""
     for item in items:
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
-    items.sort(key=_needs_a_built_model)
+    items.sort(key=_start_order)
 
 
 @pytest.fixture(scope="session", autouse=True)
