@@ -2,17 +2,15 @@
 
 import json
 import socket
-import subprocess
-import sys
 
 import pytest
 
+from helpers.inprocess import marl_in_process
 from helpers.judge_server import JudgeServer
 
 
 def _marl(*args):
-    return subprocess.run([sys.executable, "-m", "trainers.cli.main", "judges", *args], capture_output=True, text=True,
-                          timeout=300)
+    return marl_in_process("judges", *args)
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +145,7 @@ def test_a_cache_that_is_not_a_database_is_refused_before_any_call(items, tmp_pa
 
 
 def test_serve_port_out_of_range_is_one_line_before_loading(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "trainers.cli.main", "serve", str(tmp_path / "no-model"),
-                             "--port", "99999"], capture_output=True, text=True, timeout=60)
+    result = marl_in_process("serve", str(tmp_path / "no-model"), "--port", "99999")
     _one_line_error(result, "--port 99999: a TCP port is 0-65535 (0 picks a free one), e.g. --port 8000")
 
 
@@ -157,8 +154,7 @@ def test_serve_binds_before_loading_so_a_busy_port_fails_first(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "trainers.cli.main", "serve", str(tmp_path / "no-model"),
-                                 "--port", str(port)], capture_output=True, text=True, timeout=60)
+        result = marl_in_process("serve", str(tmp_path / "no-model"), "--port", str(port))
     _one_line_error(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
 
 

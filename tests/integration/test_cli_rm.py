@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from helpers.cli import one_error_line, run_marl
+from helpers.cli import one_error_line
+from helpers.inprocess import marl_in_process
 
 GOOD = {"prompt": "Task: 1+2=", "chosen": "ANSWER: 3. Checked twice.", "rejected": "ANSWER: 3."}
 
@@ -123,7 +124,7 @@ rewards:
   outcome:
     - kind: rm
 """)
-    line = one_error_line(run_marl("validate", str(scenario_file)))
+    line = one_error_line(marl_in_process("validate", str(scenario_file)))
     assert line.startswith(f"{scenario_file}:11:5: judges.0.model:") and "not a reward model" in line
 
 
@@ -133,7 +134,7 @@ rewards:
 ])
 def test_a_bad_pairs_file_is_one_line_and_nothing_is_written(tmp_path, real_model_dirs, rows, where):
     pairs, out = write_pairs(tmp_path / "pairs.jsonl", rows), tmp_path / "rm"
-    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
+    line = one_error_line(marl_in_process("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
                                    "--out", str(out)))
     assert line.startswith(f"marl: error: {pairs}") and where in line
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
@@ -144,11 +145,11 @@ def test_an_existing_reward_model_is_kept_and_a_bad_base_refused(tmp_path, real_
     kept = tmp_path / "rm"
     kept.mkdir()
     (kept / "weights").write_text("earlier")
-    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
+    line = one_error_line(marl_in_process("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
                                    "--out", str(kept)))
     assert "exists and is not empty" in line and "--overwrite" in line
     assert (kept / "weights").read_text() == "earlier"
-    line = one_error_line(run_marl("rm", "train", "--pairs", pairs, "--base", str(tmp_path), "--out",
+    line = one_error_line(marl_in_process("rm", "train", "--pairs", pairs, "--base", str(tmp_path), "--out",
                                    str(tmp_path / "new")))
     assert "--base" in line and "no config.json" in line and not (tmp_path / "new").exists()
 
@@ -165,7 +166,7 @@ def test_a_calibrator_fitted_for_the_reward_model_binds_to_it_in_a_scenario(trai
                                          "candidates": [f"ANSWER: {i + 1}.", f"ANSWER: {i + 1}. It is checked."]
                                          if i % 2 else [f"ANSWER: {i + 1}. It is checked.", f"ANSWER: {i + 1}."]})
                                  + "\n" for i in range(12)))
-    result = run_marl("judges", "calibrate", "--reward-model", str(out), "--items", str(items), "--out",
+    result = marl_in_process("judges", "calibrate", "--reward-model", str(out), "--items", str(items), "--out",
                       str(tmp_path / "cal.json"), "--cache", str(tmp_path / "cache.sqlite"))
     # fitted on the scores the scenario uses: each answer's pointwise score against its gold label
     assert result.returncode == 0 and "on 24 gold answers, pointwise" in result.stdout, result.stderr
@@ -239,7 +240,7 @@ def test_judges_commands_refuse_a_damaged_reward_model_in_one_line(trained, tmp_
         (damaged / "model.safetensors").unlink()
     out = tmp_path / "reports" / "report.json"
     for command in ("report", "calibrate"):
-        line = one_error_line(run_marl("judges", command, "--reward-model", str(damaged), "--items",
+        line = one_error_line(marl_in_process("judges", command, "--reward-model", str(damaged), "--items",
                                        "examples/judge_items.jsonl", "--out", str(out)))
         assert line.startswith(f"marl: error: --reward-model {damaged}: ")
         assert ("differ from the tokenizer" if damage == "tokenizer" else "no weight file") in line
@@ -263,5 +264,5 @@ def test_a_reward_model_judge_runs_where_its_device_says(trained, tmp_path):
     scenario_file.write_text('name: device\nagents:\n  - name: solver\ntasks:\n  inline:\n    - {prompt: "1+1=", answer: "2"}\n'
                              'judges:\n  - {name: j, model: gpt-4.1-mini, device: cuda}\n'
                              'rewards:\n  outcome:\n    - kind: j\n')
-    line = one_error_line(run_marl("validate", str(scenario_file)))
+    line = one_error_line(marl_in_process("validate", str(scenario_file)))
     assert line.startswith(f"{scenario_file}:8:") and "applies to reward_model judges only" in line

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.cli import one_error_line, run_marl
+from helpers.cli import one_error_line
+from helpers.inprocess import marl_in_process
 from trainers.cli.main import main
 
 SMALL = ["train.prompts_per_step=2", "train.group_size=4", "tasks.count=60", "tasks.eval_count=8",
@@ -142,7 +143,7 @@ def test_an_incompatible_model_or_team_is_refused(earlier, demo_model_dir, tmp_p
 
 
 def test_the_command_line_error_is_one_line_with_status_2(tmp_path):
-    result = run_marl("run", "relay", "--init-from", str(tmp_path), "--out", str(tmp_path / "out"))
+    result = marl_in_process("run", "relay", "--init-from", str(tmp_path), "--out", str(tmp_path / "out"))
     assert "holds no finished run" in one_error_line(result) and not (tmp_path / "out").exists()
 
 

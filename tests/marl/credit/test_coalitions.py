@@ -105,17 +105,13 @@ def test_relay_credit_matches_the_closed_form(relay):
 
 
 def test_cli_credit_prints_a_table(tmp_path):
-    import subprocess
-    import sys
+    from helpers.inprocess import marl_in_process
 
-    result = subprocess.run([sys.executable, "-m", "trainers.cli.main", "credit", "relay", "--episodes", "3",
-                             "--method", "shapley", "--absent", "null_message"],
-                            capture_output=True, text=True, timeout=120)
+    result = marl_in_process("credit", "relay", "--episodes", "3", "--method", "shapley", "--absent", "null_message")
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:5]}
     assert rows == {agent: ["0.3333", "0.0000", "0.0000"] for agent in ("left", "right", "final")}
-    bad = subprocess.run([sys.executable, "-m", "trainers.cli.main", "credit", "relay", "--absent", "vanish"],
-                         capture_output=True, text=True, timeout=120)
+    bad = marl_in_process("credit", "relay", "--absent", "vanish")
     assert bad.returncode == 2 and "credit.absent" in bad.stderr and "Traceback" not in bad.stderr
 
 
