@@ -1,4 +1,8 @@
-"""The `marl` command: clear errors without tracebacks, and the demo run end to end with resume."""
+"""The `marl` command: clear errors without tracebacks, and the demo run end to end with resume.
+
+Most calls run `trainers.cli.main.main` in this process (helpers.inprocess); a fresh interpreter is kept
+where the process is the point: the module run as a program, an offline W&B run (its service process and
+global state), and Ctrl-C."""
 
 import json
 import os
@@ -6,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+
+from helpers.inprocess import marl_in_process
 
 
 def _marl(*args, cwd=None, wandb_home=None):
@@ -27,15 +33,25 @@ def _marl(*args, cwd=None, wandb_home=None):
     (["--model", "/nonexistent/model"], "--model: /nonexistent/model is not a directory; pass a directory written by"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, message, tmp_path):
-    result = _marl("demo", "--out", str(tmp_path / "run"), *args)
+    result = marl_in_process("demo", "--out", str(tmp_path / "run"), *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
+def test_python_m_marl_reports_bad_input_in_one_line_end_to_end(tmp_path):
+    """The module run as a program (what the console script does): exit status 2 from sys.exit, one line."""
+    result = _marl("demo", "--out", str(tmp_path / "run"), "--set", "lr")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "expected KEY=VALUE" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir, tmp_path):
     out = tmp_path / "run"
+    # a fresh interpreter for the one call that opens a W&B run (its service process and global settings)
     first = _marl("demo", "--out", str(out), "--steps", "2", "--set", "checkpoint_every=1", wandb_home=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "held-out accuracy before" in first.stdout and "held-out accuracy after" in first.stdout
@@ -45,16 +61,16 @@ def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir
     assert (out / "plots" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(out.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # an offline W&B run, no key needed
 
-    again = _marl("demo", "--out", str(out), "--steps", "2")
+    again = marl_in_process("demo", "--out", str(out), "--steps", "2")
     assert again.returncode == 2 and "--resume" in again.stderr  # nothing already written is lost
     metrics = (out / "metrics.jsonl").read_bytes()
-    changed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "grpo.lr=0.5",
-                    "--tracker", "jsonl")
+    changed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "grpo.lr=0.5",
+                              "--tracker", "jsonl")
     assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr
     assert len(changed.stderr.strip().splitlines()) == 1 and "different config" in changed.stderr
     assert (out / "metrics.jsonl").read_bytes() == metrics
 
-    resumed = _marl("demo", "--out", str(out), "--steps", "4", "--resume", "--tracker", "jsonl")
+    resumed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", "--tracker", "jsonl")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -80,7 +96,8 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(demo_model_dir, 
     stopped_at = int(rest.split("checkpoint written at step ")[1].split(";")[0])
     assert 5 <= stopped_at < 400
 
-    resumed = _marl("demo", "--out", str(out), "--steps", str(stopped_at + 3), "--resume", "--tracker", "jsonl")
+    resumed = marl_in_process("demo", "--out", str(out), "--steps", str(stopped_at + 3), "--resume", "--tracker",
+                              "jsonl")
     assert resumed.returncode == 0, resumed.stderr
     steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, stopped_at + 4))

@@ -1,7 +1,9 @@
 """Hostile scenario files and flags through the real `marl` command: one located line, exit 2, no traceback.
 
-Each case writes real files into a temporary folder and runs `python -m trainers.cli.main ...` in a
-subprocess; the assertion is on the whole of stderr (exactly one line: where, what, and the fix).
+Each case writes real files into a temporary folder and runs the `marl` command on them, in this process
+(helpers.inprocess); the assertion is on the whole of stderr (exactly one line: where, what, and the fix).
+A generator that never returns runs in a fresh interpreter (`python -m trainers.cli.main`): its thread
+cannot be stopped and spins until its process exits.
 """
 
 import os
@@ -12,6 +14,7 @@ import pytest
 from marl.env import make_env
 from helpers.scenario_files import GOOD  # one minimal sound scenario for both files
 from helpers.cli import one_error_line, run_marl
+from helpers.inprocess import marl_in_process
 from helpers.paths import ROOT
 
 GENERATED = GOOD.replace('  inline:\n    - prompt: "1+1="\n      answer: "2"\n', "  generator: gen_lib:{name}\n"
@@ -113,9 +116,18 @@ FILES["tool_reexport"] = (GOOD + "tools:\n  - name: shell\n    function: evil_li
                           "in the scenario's folder")
 
 
+# a generator that never returns (or whose import never finishes) leaves a thread spinning for the rest of
+# its process: those cases run in a fresh interpreter, every other case in this one
+HANGS = {"generator_hangs", "generator_import_hangs"}
+
+
 def _marl(*args, cwd=None, timeout=120):
     return run_marl(*args, cwd=cwd, timeout=timeout)
 
+
+def _marl_on(name, *args):
+    """The command on hostile case `name`: in a subprocess when the case hangs, else in this process."""
+    return _marl(*args) if name in HANGS else marl_in_process(*args)
 
 
 def _write_case(tmp_path, name):
@@ -131,7 +143,7 @@ def _write_case(tmp_path, name):
 def test_validate_reports_a_hostile_file_in_one_located_line(name, tmp_path):
     path, expected = _write_case(tmp_path, name)
     started = time.monotonic()
-    line = one_error_line(_marl("validate", str(path)))
+    line = one_error_line(_marl_on(name, "validate", str(path)))
     assert line.startswith(f"{path}{expected}"), line
     assert time.monotonic() - started < 30  # bounded: nothing hangs or expands without limit
 
@@ -139,7 +151,7 @@ def test_validate_reports_a_hostile_file_in_one_located_line(name, tmp_path):
 @pytest.mark.parametrize("name", ["generator_hangs", "template_huge_width", "tool_os"])
 def test_rollout_refuses_the_same_files(name, tmp_path):
     path, expected = _write_case(tmp_path, name)
-    assert one_error_line(_marl("rollout", str(path), "--policy", "null")).startswith(f"{path}{expected}")
+    assert one_error_line(_marl_on(name, "rollout", str(path), "--policy", "null")).startswith(f"{path}{expected}")
 
 
 SET_CASES = [
@@ -157,7 +169,7 @@ SET_CASES = [
 @pytest.mark.parametrize("command", ["validate", "rollout", "credit"])
 @pytest.mark.parametrize("setting,expected", SET_CASES)
 def test_bad_set_paths_are_one_line_in_play_commands(command, setting, expected):
-    line = one_error_line(_marl(command, "relay", "--set", setting))
+    line = one_error_line(marl_in_process(command, "relay", "--set", setting))
     key = setting.split("=")[0]
     assert line.startswith(f"{_relay()} (--set {key}):0:0: {expected}"), line
 
@@ -170,7 +182,7 @@ def _relay() -> str:
 @pytest.mark.parametrize("command", ["run", "eval", "estimate"])
 def test_bad_set_paths_are_one_line_in_model_commands(command, tmp_path):
     extra = ["--out", str(tmp_path / "run")] if command == "run" else []
-    line = one_error_line(_marl(command, "relay", "--set", "agents.9.name=z", *extra))
+    line = one_error_line(marl_in_process(command, "relay", "--set", "agents.9.name=z", *extra))
     assert line.startswith(f"{_relay()} (--set agents.9.name):0:0: agents.9.name: --set 'agents.9.name=z': agents "
                            "is a list of 3 entries"), line
     assert not (tmp_path / "run").exists()  # refused before anything is written
@@ -178,7 +190,7 @@ def test_bad_set_paths_are_one_line_in_model_commands(command, tmp_path):
 
 def test_run_refuses_a_template_before_building_anything(tmp_path):
     path, expected = _write_case(tmp_path, "template_unknown_field")
-    line = one_error_line(_marl("run", str(path), "--out", str(tmp_path / "run")))
+    line = one_error_line(marl_in_process("run", str(path), "--out", str(tmp_path / "run")))
     assert line.startswith(f"{path}{expected}") and not (tmp_path / "run").exists()
 
 
@@ -195,7 +207,7 @@ def test_run_refuses_a_template_before_building_anything(tmp_path):
 def test_bad_flags_are_one_line(args, expected, tmp_path):
     if args[0] == "demo":
         args = [*args, "--out", str(tmp_path / "demo")]
-    line = one_error_line(_marl(*args))
+    line = one_error_line(marl_in_process(*args))
     assert expected in line, line
     assert not (tmp_path / "demo").exists()  # refused before the run directory is made
 
@@ -255,6 +267,6 @@ def test_a_generator_within_its_timeout_yields_at_most_count_tasks():
 
 
 def test_a_scripted_policy_that_raises_is_one_line():
-    line = one_error_line(_marl("rollout", "relay", "--policy", "os:system", "--episodes", "1"))
+    line = one_error_line(marl_in_process("rollout", "relay", "--policy", "os:system", "--episodes", "1"))
     assert line.startswith("marl: error: policy 'os:system' raised TypeError: ")  # the rest is Python's wording
     assert line.endswith("(a policy is called as function(agent, observation, task) and returns the agent's message)")

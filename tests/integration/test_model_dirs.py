@@ -1,6 +1,7 @@
 """Model directories on the command line (issue 12, item 8): `marl rollout --policy DIR` plays a model,
 `train.model` given relative is read from the working directory, and a directory that does not load is
-one line and exit 2 before anything plays or trains."""
+one line and exit 2 before anything plays or trains. The commands run in this process (helpers.inprocess);
+`train.model` relative to the working directory is the helper's `cwd`."""
 
 import json
 import os
@@ -8,16 +9,11 @@ import os
 import pytest
 
 from helpers.bad_models import broken_model_dir
-from helpers.cli import one_error_line, run_marl
+from helpers.cli import one_error_line
+from helpers.inprocess import marl_in_process as _marl
 from helpers.paths import ROOT
 
 
-def _marl(*args, cwd=None, timeout=180):
-    return run_marl(*args, cwd=cwd, timeout=timeout)
-
-
-
-@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_rollout_plays_a_model_directory(real_model_dirs):
     result = _marl("rollout", "relay", "--policy", str(real_model_dirs["qwen2"]), "--episodes", "2")
     assert result.returncode == 0, result.stderr
@@ -39,7 +35,6 @@ def test_a_model_directory_plays_greedily_with_its_agents_styles(real_model_dirs
     assert not is_model_directory("expert") and not is_model_directory("policies:solver")
 
 
-@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 @pytest.mark.parametrize("kind, expected", [
     ("no_config", "is not a Hugging Face model directory (no config.json)"),
     ("bad_config", ": the config.json does not load ("),
@@ -51,7 +46,6 @@ def test_rollout_refuses_a_model_directory_that_does_not_load(real_model_dirs, t
     assert line.startswith(f"marl: error: --policy {directory}") and expected in line
 
 
-@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_run_refuses_a_broken_train_model_before_training(real_model_dirs, tmp_path):
     broken_model_dir(real_model_dirs["llama"], tmp_path / "broken", "bad_config")
     line = one_error_line(_marl("run", "relay", "--set", "train.model=broken", "--out", str(tmp_path / "run"), cwd=tmp_path))
@@ -74,14 +68,12 @@ def test_a_relative_train_model_is_read_from_the_working_directory(real_model_di
         base_model_dir(scenario, None)
 
 
-@pytest.mark.slow  # a fresh interpreter
 def test_run_help_says_where_a_relative_model_is_read_from():
     result = _marl("run", "--help")
     assert result.returncode == 0
     assert "a relative DIR is read from the working directory" in " ".join(result.stdout.split())
 
 
-@pytest.mark.slow  # fresh interpreters importing torch and transformers
 @pytest.mark.parametrize("command", [["run", "relay", "--set", "train.model=noweights", "--tracker", "none"],
                                      ["demo", "--model", "noweights", "--steps", "2", "--tracker", "none"]])
 def test_a_model_directory_without_weights_is_one_line(real_model_dirs, tmp_path, command):

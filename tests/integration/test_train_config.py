@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 
+from helpers.inprocess import marl_in_process
 from marl.scenario.load import find_scenario, load_scenario
 from marl.scenario.overrides import SettingsError
 from marl.scenario.spec import DERIVED_KNOBS, TrainKnobs
@@ -34,12 +32,6 @@ NOT_DEFAULT = {
 SETS = [f"train.{name}={raw}" for name, (raw, _) in NOT_DEFAULT.items()]
 
 
-def _marl(*args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
-    return subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
-
-
 def test_the_table_covers_every_grpo_config_field_but_the_derived_ones():
     fields = {field.name for field in dataclasses.fields(GRPOConfig)}
     assert set(NOT_DEFAULT) == fields - set(DERIVED_KNOBS) == set(TrainKnobs.model_fields)
@@ -52,7 +44,7 @@ def test_every_knob_set_by_name_reaches_the_runs_grpo_config():
 
 
 def test_marl_validate_accepts_every_knob_by_name():
-    result = _marl("validate", "relay", *[arg for item in SETS for arg in ("--set", item)])
+    result = marl_in_process("validate", "relay", *[arg for item in SETS for arg in ("--set", item)])
     assert result.returncode == 0 and "relay: ok" in result.stdout, result.stderr
 
 
@@ -80,7 +72,7 @@ def test_the_relay_runs_config_is_what_the_hand_copy_gave():
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_a_bad_knob_is_one_located_line_and_exit_2(command, setting, message, tmp_path):
     extra = ["--out", str(tmp_path / "run")] if command == "run" else []
-    result = _marl(command, "relay", "--set", setting, *extra)
+    result = marl_in_process(command, "relay", "--set", setting, *extra)
     key = setting.partition("=")[0]
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"{find_scenario('relay')} (--set {key}):0:0: {message}"
@@ -125,7 +117,7 @@ def test_epsilon_high_reaches_the_loss_of_a_marl_run(demo_model_dir, monkeypatch
     import trainers.grpo.objective as objective
     from trainers.run import prepare
 
-    assert _marl("validate", "relay", "--set", "train.epsilon_high=0.28").returncode == 0
+    assert marl_in_process("validate", "relay", "--set", "train.epsilon_high=0.28").returncode == 0
     seen, policy_loss = [], objective.policy_loss
 
     def recording(*args, **kwargs):
