@@ -1,12 +1,11 @@
 """Scenario files: every problem is reported with FILE:LINE:COL and the key path, never a traceback."""
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from marl.scenario.load import ScenarioError, load_scenario
+from helpers.inprocess import marl_in_process
 from helpers.scenario_files import GOOD
 
 
@@ -97,8 +96,7 @@ def test_unknown_scorer_kind_and_bad_params(tmp_path):
 def test_cli_validate_prints_problems_and_exits_2_without_traceback(tmp_path):
     path = tmp_path / "scenario.yaml"
     path.write_text(GOOD.replace("[[a, b]]", "[[a, c]]"))
-    result = subprocess.run([sys.executable, "-m", "trainers.cli.main", "validate", str(path), "scenarios/relay.yaml"],
-                            capture_output=True, text=True)
+    result = marl_in_process("validate", str(path), "scenarios/relay.yaml")  # from the repository
     assert result.returncode == 2
     assert f"{path}:6:15: graph.edges.0.1: unknown agent 'c'" in result.stderr
     assert "scenarios/relay.yaml: ok" in result.stdout
@@ -113,8 +111,7 @@ def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
     scenario = load_scenario(path)
     with pytest.raises(ScenarioError, match=r"tasks.generator: gen:tasks raised RuntimeError: no data"):
         scenario.tasks()
-    result = subprocess.run([sys.executable, "-m", "trainers.cli.main", "validate", str(path)], capture_output=True,
-                            text=True)
+    result = marl_in_process("validate", str(path))
     assert result.returncode == 2 and "raised RuntimeError" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -127,6 +124,6 @@ def test_a_generator_that_raises_is_reported_not_a_traceback(tmp_path):
                                                "'module:function'"),
 ])
 def test_play_commands_report_bad_input_in_one_line(args, message):
-    result = subprocess.run([sys.executable, "-m", "trainers.cli.main", *args], capture_output=True, text=True)
+    result = marl_in_process(*args)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from helpers.cli import one_error_line, run_marl
+from helpers.cli import one_error_line
+from helpers.inprocess import marl_in_process
 from marl.rollout import EpisodePlayer, Generation
 from marl.scenario.load import load_scenario
 from trainers.cli.main import main
@@ -148,7 +149,7 @@ def test_a_malformed_budget_list_is_one_line_naming_the_problem_and_the_fix(text
 
 
 def test_the_command_refuses_a_malformed_list_before_anything_loads(tmp_path):
-    line = one_error_line(run_marl("eval", "relay", "--budgets", "16,8,16", "--out", str(tmp_path / "out")))
+    line = one_error_line(marl_in_process("eval", "relay", "--budgets", "16,8,16", "--out", str(tmp_path / "out")))
     assert line == "marl: error: --budgets 16,8,16: 16 is given twice; list each budget once, e.g. --budgets 8,16,32"
     assert not (tmp_path / "out").exists()
 
@@ -170,8 +171,8 @@ def test_the_train_setting_is_off_by_default_and_checked():
 def test_marl_eval_writes_the_curve_of_the_base_model(tmp_path, demo_model_dir):
     """The real command on the default tiny model: at relay's own budget (4 tokens) the curve's team
     success is eval.json's first-try success (the same tasks, seeds and greedy decoding)."""
-    result = run_marl("eval", "relay", "--budgets", "4,16", "--tasks", "4", "--no-credit", "--retries", "0",
-                      "--out", str(tmp_path), timeout=300)
+    result = marl_in_process("eval", "relay", "--budgets", "4,16", "--tasks", "4", "--no-credit", "--retries", "0",
+                             "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "thinking-budget curve (4 held-out tasks, temperature 0):" in result.stdout
     curve = json.loads((tmp_path / "budget_curve.json").read_text())
