@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import textwrap
-import time
 import uuid
 
 import pytest
@@ -44,9 +43,8 @@ def test_the_sandbox_runs_unprivileged_when_we_are_root():
 
 
 def test_an_infinite_loop_times_out():
-    started = time.monotonic()
     result = run_python("while True:\n    pass", timeout_s=1.0, cpu_s=5)
-    assert result.status == "timeout" and time.monotonic() - started < 4
+    assert result.status == "timeout" and result.seconds < 5  # the wall clock stopped it, before the CPU limit
 
 
 def test_sleeping_past_the_wall_clock_times_out():
