@@ -59,6 +59,7 @@ DISK_BUDGET_BYTES = 1 << 30  # the audit hook's budget is WRITE_OPENS x FILE_LIM
 DISK_ENTRIES = 20_000  # files and folders a run may make (empty files fill a file system's inodes)
 DISK_CHECK_S = 0.1  # how often the run's directory is measured while it runs (at most)
 DISK_CHECK_SPACING = 10  # and no sooner than this many times the last measure's duration (<= ~10% of a core)
+DISK_CHECK_MAX_S = 1.0  # but at least this often, so a fast writer overshoots the budget by one second's writes
 _CONTROL_LIMIT = 4096
 FILE_LIMIT_BYTES = 8 * 2**20
 WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
@@ -290,14 +291,14 @@ class _DiskWatch:
     def check(self, final: bool = False) -> bool:
         """True (once) when the run has written more than its budget; measured while it runs at most
         every DISK_CHECK_S, or DISK_CHECK_SPACING times as long as the last measure took (a tree of
-        19k files takes ~0.6 s to walk: walking it back to back would cost the trainer a core), and
-        once more when it has ended."""
+        19k files takes ~0.6 s to walk: walking it back to back would cost the trainer a core), but at
+        least every DISK_CHECK_MAX_S, and once more when it has ended."""
         now = time.monotonic()
         if self.exceeded or (now < self.next_at and not final):
             return False
         size, entries = self.usage()
         self.cost = time.monotonic() - now
-        self.next_at = now + max(DISK_CHECK_S, DISK_CHECK_SPACING * self.cost)
+        self.next_at = now + min(DISK_CHECK_MAX_S, max(DISK_CHECK_S, DISK_CHECK_SPACING * self.cost))
         self.exceeded = size > DISK_BUDGET_BYTES or entries > DISK_ENTRIES
         return self.exceeded
 

@@ -121,3 +121,21 @@ def test_a_slow_measure_is_spaced_out_in_proportion(tmp_path, monkeypatch):
     started = time.monotonic()
     assert not watch.check()
     assert watch.cost >= 0.05 and watch.next_at >= started + sandbox.DISK_CHECK_SPACING * 0.05
+
+
+def test_a_slow_measure_is_still_repeated_at_least_every_disk_check_max_s(tmp_path, monkeypatch):
+    """However long the last walk took, the next comes within DISK_CHECK_MAX_S of it, so a fast writer
+    overshoots its budget by at most that long's writes."""
+    import time
+
+    class SlowTree(sandbox._DiskWatch):
+        def usage(self):
+            time.sleep(0.05)  # spaced out 10x: 0.5 s, past the cap set below
+            return 0, 1
+
+    monkeypatch.setattr(sandbox, "DISK_CHECK_S", 0.0)
+    monkeypatch.setattr(sandbox, "DISK_CHECK_MAX_S", 0.2)
+    watch = SlowTree(str(tmp_path))
+    started = time.monotonic()
+    assert not watch.check()
+    assert started <= watch.next_at - 0.2 <= time.monotonic()

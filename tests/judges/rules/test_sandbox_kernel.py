@@ -257,7 +257,7 @@ def test_a_tree_thousands_deep_is_still_deleted(contained):
 def test_a_run_that_fills_the_disk_is_stopped():
     """Native code writes without the audit hook's budget: the parent stops a run past DISK_BUDGET_BYTES."""
     per_file = sandbox.FILE_LIMIT_BYTES - 1
-    files = sandbox.DISK_BUDGET_BYTES // per_file + 20
+    files = 3 * (sandbox.DISK_BUDGET_BYTES // per_file)  # twice the budget past it: the watch is seen to stop it
     result = run_python(textwrap.dedent(f"""
         import os
         block = b'x' * {per_file}
