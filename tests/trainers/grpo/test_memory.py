@@ -248,7 +248,7 @@ def test_auto_packing_is_per_row_under_flash_attention_only(real_models):
 
 @pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None,
                     reason="this machine can run flash attention")
-def test_an_attention_the_machine_lacks_is_one_line_before_training(tmp_path, capsys):
+def test_an_attention_the_machine_lacks_is_one_line_before_training(demo_model_dir, tmp_path, capsys):
     from trainers.cli.main import main
 
     out = tmp_path / "run"
