@@ -16,12 +16,10 @@ $(PY):
 
 # The bench extra (shap) is installed too: `make test` runs every bench/*.py --quick (tests/test_benchmarks.py);
 # the ray extra too: the Ray backend's tests run on a local cluster.
-# --no-compile: Python compiles a module the first time it is imported, so only what runs is compiled
-# (compiling every installed file up front took about a third of the install).
 $(STAMP): pyproject.toml Makefile | $(PY)
-	$(PY) -m pip install --quiet --no-compile --upgrade pip
-	$(PY) -m pip install --quiet --no-compile torch==2.13.0
-	$(PY) -m pip install --quiet --no-compile -e ".[dev,bench,ray]"
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev,bench,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
