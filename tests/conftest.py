@@ -58,7 +58,15 @@ def _start_order(item) -> int:
 def pytest_collection_modifyitems(config, items):
     """Ray tests share one xdist worker (one local cluster at a time, `--dist loadgroup`); tests that
     need no built model run first, giving the model build its head start, then the long ones, so that
-    no long test is left for the end (a stable sort: within each part, the files' order)."""
+    no long test is left for the end (a stable sort: within each part, the files' order).
+
+    Tests marked `real` (the real packaged model, minutes each) are deselected unless the -m expression
+    names them (`make test-real`): a -m in PYTEST_ARGS replaces, not extends, any -m before it."""
+    if "real" not in (config.option.markexpr or ""):
+        real = [item for item in items if item.get_closest_marker("real") is not None]
+        if real:
+            config.hook.pytest_deselected(items=real)
+            items[:] = [item for item in items if item.get_closest_marker("real") is None]
     for item in items:
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))

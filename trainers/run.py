@@ -152,7 +152,8 @@ def check_context(scenario, context: int | None) -> None:
 
 
 def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
-    """train.model as a directory: a local Hugging Face directory, or the embedded tiny model.
+    """train.model as a directory: a local Hugging Face directory, a GGUF file or packaged model's name
+    converted into the model cache (trainers/policy/gguf.py), or the embedded tiny model.
 
     A directory given relative resolves against the working directory (as `marl demo --model`
     does), not the scenario's folder: the path a user types is the path used. It is checked before
@@ -169,8 +170,12 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
     name = scenario.spec.train.model
     if name != "tiny":
         from judges.model.chat import check_model_dir
+        from trainers.policy.gguf import GGUFError, resolve_model_dir
 
-        path = Path(name).expanduser()
+        try:  # a .gguf file or a packaged model's name: converted once into the model cache
+            path = resolve_model_dir(name, cache_dir, log)
+        except GGUFError as error:
+            raise RunError(f"train.model: {error}") from None
         problem = check_model_dir(path)
         if problem is not None:
             raise RunError(f"train.model: {problem} (or use 'tiny'; a relative path is read from the working "

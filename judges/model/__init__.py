@@ -10,6 +10,7 @@
     cache.py           a content-addressed on-disk cache of responses
     factory.py         a judge from a scenario's `judges:` entry, optionally calibrated
     reward_model.py    a trained reward model (marl rm train) as a scorer and a pairwise judge
+    gguf_source.py     where a GGUF model (a .gguf file, a packaged model's name) lies; no torch
 
 May import: judges' top, judges.stats (calibration, Dawid-Skene) inside functions.
 """

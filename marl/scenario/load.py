@@ -149,6 +149,7 @@ def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
     problems += [(("graph",) + p.path, p.message) for p in check_graph(names, spec.graph)]
     problems += _team_problems(spec, names)
     problems += _policy_problems(scenario)
+    problems += _model_problems(scenario)
     problems += _reward_problems(scenario)
     problems += _reference_problems(scenario)
     problems += _template_problems(spec, names)
@@ -172,6 +173,16 @@ def _policy_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
             problems.append((path, f"{policy!r} is not shared, own, expert, null, random, module:function, "
                                    "openai:MODEL or a Hugging Face model directory (no config.json there)"))
     return problems
+
+
+def _model_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
+    """train.model as a GGUF file or packaged model: found, and GGUF (its conversion needs torch: at run time)."""
+    from judges.model.gguf_source import gguf_source_problem, is_gguf_source
+
+    model = scenario.spec.train.model
+    if is_gguf_source(model) and (problem := gguf_source_problem(model)) is not None:
+        return [(("train", "model"), problem)]
+    return []
 
 
 def _team_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:

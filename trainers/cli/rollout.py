@@ -27,7 +27,8 @@ def add_parser(commands) -> None:
     for action in rollout._actions:  # rollout also takes a model directory (the shared help says scripted only)
         if action.dest == "policy":
             action.help = ("expert, null, random, module:function, or a model directory (a Hugging Face causal LM, "
-                           "e.g. a checkpoint's model/; it plays every agent at temperature 0)")
+                           "e.g. a checkpoint's model/, a .gguf file or smollm2-135m-instruct; it plays every "
+                           "agent at temperature 0)")
     rollout.add_argument("--base", metavar="DIR", help="with --policy ADAPTER_DIR: its base model directory (default: "
                                                        "the one the adapter names)")
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
@@ -81,8 +82,12 @@ def _judge_cache(args):
 
 
 def is_model_directory(policy: str) -> bool:
-    """Whether --policy names a model directory: an existing folder, or a path (not 'module:function')."""
-    return ":" not in policy and (Path(policy).is_dir() or "/" in policy or policy.startswith("."))
+    """Whether --policy names a model directory: an existing folder, or a path (not 'module:function'), or a
+    GGUF model (a .gguf file or a packaged model's name, converted to a directory)."""
+    from judges.model.gguf_source import is_gguf_source
+
+    return is_gguf_source(policy) or (":" not in policy and (Path(policy).is_dir() or "/" in policy
+                                                            or policy.startswith(".")))
 
 
 class ModelPolicy:
@@ -106,7 +111,11 @@ class ModelPolicy:
 
         from trainers.policy.adapters import is_adapter_dir, load_adapter_dir
 
+        from trainers.policy.gguf import is_gguf_source, resolve_model_dir
+
         quiet_libraries()
+        if is_gguf_source(directory):  # a .gguf file or a packaged model: converted once into the model cache
+            directory = str(resolve_model_dir(directory))
         if is_adapter_dir(directory):  # a LoRA run's checkpoint: the adapter on the base it names
             torch.set_num_threads(scenario.spec.train.threads)
             model, tokenizer = load_adapter_dir(directory, base)

@@ -1,6 +1,7 @@
 """`marl serve MODEL_DIR`: a local model on an OpenAI-compatible endpoint (the server is trainers/policy/serve.py).
 
     marl serve runs/relay/checkpoints/step-000200/model      a full model, or a LoRA adapter directory
+    marl serve smollm2-135m-instruct                         a GGUF file or packaged model (converted once)
 
 A LoRA adapter directory (adapter_config.json, as a `train.lora` run's checkpoint holds) is served
 merged into its base (the base it names, or --base DIR): the merge is written to a temporary
@@ -21,8 +22,8 @@ def add_parser(commands) -> None:
     """Register `marl serve MODEL_DIR`."""
     serve = commands.add_parser("serve", help="serve a local model on an OpenAI-compatible endpoint")
     serve.add_argument("model_dir", metavar="MODEL_DIR",
-                       help="a Hugging Face causal-LM directory, or a LoRA adapter directory (served merged "
-                            "into its base)")
+                       help="a Hugging Face causal-LM directory, a LoRA adapter directory (served merged "
+                            "into its base), a .gguf file or smollm2-135m-instruct (converted once)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
@@ -53,7 +54,12 @@ def run(args) -> int:
 def servable_dir(model_dir: str, base: str | None, scratch: Path) -> str:
     """`model_dir` itself, or (a LoRA adapter) its merge into its base written under `scratch`."""
     from trainers.policy.adapters import export_merged, is_adapter_dir
+    from trainers.policy.gguf import is_gguf_source, resolve_model_dir
 
+    if is_gguf_source(model_dir):  # a .gguf file or a packaged model: its converted directory in the model cache
+        if base is not None:
+            raise UsageError(f"--base {base}: only for a LoRA adapter directory, and {model_dir} is a GGUF model")
+        return str(resolve_model_dir(model_dir, log=lambda line: print(line, flush=True)))
     if not is_adapter_dir(model_dir):
         if base is not None:
             raise UsageError(f"--base {base}: only for a LoRA adapter directory, and {model_dir} is a full model "
