@@ -144,6 +144,14 @@ def test_bad_sources_are_one_line_naming_the_fix(tiny_gguf, tmp_path, monkeypatc
     assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").glob("gguf-*"))
 
 
+def test_a_missing_gguf_package_is_one_line_naming_the_install(tiny_gguf, tmp_path, monkeypatch):
+    from trainers.policy.gguf import GGUFError
+
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # what `import gguf` meets when it is not installed
+    with pytest.raises(GGUFError, match=r"needs the package gguf, which is not installed; run: pip install 'gguf"):
+        convert(tiny_gguf, tmp_path)
+
+
 def test_an_architecture_transformers_cannot_convert_is_one_line(tmp_path):
     from trainers.policy.gguf import GGUFError
 
