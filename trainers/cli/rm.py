@@ -14,7 +14,7 @@ one line naming the problem and where, exit 2, nothing written.
 
 from __future__ import annotations
 
-from trainers.cli.common import quiet_libraries, usage_errors
+from trainers.cli.common import UsageError, quiet_libraries, usage_errors
 
 
 def add_parser(commands) -> None:
@@ -26,7 +26,8 @@ def add_parser(commands) -> None:
     sub = rm.add_subparsers(dest="rm_command", required=True)
     train = sub.add_parser("train", help="train a Bradley-Terry reward model (a scalar head on a causal LM)")
     train.add_argument("--pairs", required=True, help='JSONL of {"prompt", "chosen", "rejected"} lines')
-    train.add_argument("--base", required=True, metavar="MODEL_DIR", help="a Hugging Face causal LM directory")
+    train.add_argument("--base", required=True, metavar="MODEL_DIR", help="a Hugging Face causal LM directory, a .gguf file or "
+                                                                         "smollm2-135m-instruct (converted once)")
     train.add_argument("--out", required=True, metavar="RM_DIR", help="where the reward model goes")
     train.add_argument("--epochs", type=int, default=1)
     train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, linear decay to 0 (default 1e-4)")
@@ -52,8 +53,14 @@ def run(args) -> int:
     from trainers.reward.bradley_terry import RewardTrainConfig, train_reward_model
     from trainers.reward.pairs import PairsError
 
+    from trainers.policy.gguf import GGUFError, resolve_model_dir
+
     quiet_libraries()
-    config = RewardTrainConfig(pairs=args.pairs, base=args.base, out=args.out, epochs=args.epochs, lr=args.lr,
+    try:  # a .gguf file or a packaged model: its converted directory in the model cache, recorded as the base
+        base = str(resolve_model_dir(args.base))
+    except GGUFError as error:
+        raise UsageError(f"--base {args.base}: {error}") from None
+    config = RewardTrainConfig(pairs=args.pairs, base=base, out=args.out, epochs=args.epochs, lr=args.lr,
                                batch_size=args.batch_size, max_length=args.max_length,
                                eval_fraction=args.eval_fraction, seed=args.seed, lora_r=args.lora_r,
                                center_coefficient=args.center_coefficient, threads=args.threads,

@@ -177,6 +177,14 @@ def test_serve_and_rollout_refuse_a_file_that_is_not_gguf_in_one_line(tmp_path):
         assert "text.gguf is not a GGUF file" in one_error_line(marl_in_process(*args))
 
 
+def test_a_reward_model_base_that_is_not_gguf_is_one_line(tmp_path):
+    (tmp_path / "text.gguf").write_text("not a model at all")
+    (tmp_path / "pairs.jsonl").write_text("")
+    line = one_error_line(marl_in_process("rm", "train", "--pairs", str(tmp_path / "pairs.jsonl"), "--base",
+                                          str(tmp_path / "text.gguf"), "--out", str(tmp_path / "rm")))
+    assert line.startswith("marl: error: --base ") and "is not a GGUF file" in line and not (tmp_path / "rm").exists()
+
+
 def test_rollout_plays_a_gguf_file_converted_into_the_cache(tiny_gguf, tmp_path):
     result = marl_in_process("rollout", "relay", "--policy", str(tiny_gguf), "--episodes", "1", "--quiet",
                              env={"MARL_CACHE": str(tmp_path)})
