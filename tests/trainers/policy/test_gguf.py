@@ -19,9 +19,11 @@ gguf = pytest.importorskip("gguf")
 TEXTS = ("Hello, world! 12+35=47.", "def add(a, b):\n    return a + b\n", "  spaces\tand tabs\n", "Café: 3.50")
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, pre: str = "qwen2", architecture: str = "llama") -> Path:
-    """A 2-layer Llama (hidden 32, grouped-query attention) with random F32 weights and a 300-token
-    byte-level BPE tokenizer (tokenizer.ggml.model gpt2) with ChatML's tokens and template."""
+def write_tiny_gguf(path: Path, *, seed: int = 0, pre: str = "qwen2", architecture: str = "llama",
+                    quantized: bool = False) -> Path:
+    """A 2-layer Llama (hidden 32, grouped-query attention) with random F32 weights (`quantized`: the
+    matrices in Q8_0) and a 300-token byte-level BPE tokenizer (tokenizer.ggml.model gpt2) with ChatML's
+    tokens and template."""
     from trainers.policy.tokenizer import CHATML_TEMPLATE, GENERAL_TEXT, build_bpe_tokenizer
 
     tokenizer = build_bpe_tokenizer(GENERAL_TEXT, 300)
@@ -52,7 +54,12 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, pre: str = "qwen2", architectu
     writer.add_chat_template(CHATML_TEMPLATE)
 
     def weight(name: str, *shape: int, scale: float = 0.1, offset: float = 0.0) -> None:
-        writer.add_tensor(name, (offset + rng.standard_normal(shape) * scale).astype(np.float32))
+        values = (offset + rng.standard_normal(shape) * scale).astype(np.float32)
+        if quantized and len(shape) == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, values)
 
     weight("token_embd.weight", vocab, hidden)
     for block in range(layers):
@@ -106,6 +113,19 @@ def test_the_converted_directory_gives_the_files_logits_and_text_back(tiny_gguf,
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                              add_generation_prompt=True)
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_quantized_file_converts_to_its_dequantized_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = write_tiny_gguf(tmp_path / "q8.gguf", quantized=True)
+    directory, _ = convert(path, tmp_path)
+    converted = AutoModelForCausalLM.from_pretrained(directory)
+    source = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, source(ids).logits.float(), rtol=0, atol=1e-5)
+    assert converted.dtype == torch.float32
 
 
 def test_a_second_call_loads_from_cache_and_another_file_gets_another_key(tiny_gguf, tmp_path):
