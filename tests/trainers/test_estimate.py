@@ -21,7 +21,7 @@ def _set_args(overrides: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def relay_estimate(tmp_path_factory):
+def relay_estimate(tmp_path_factory, demo_model_dir):  # relay plays the demo model: ordered after its build
     """estimate_run on tiny relay settings, run from an empty working directory (returned too)."""
     workdir = tmp_path_factory.mktemp("estimate-cwd")
     with pytest.MonkeyPatch.context() as patch:
