@@ -19,7 +19,7 @@ differ only in `credit.method`:
               with `credit.absent=default_policy` and the scenario's expert as the stand-in
               (default; `--absent resample` or `--absent null_message` for the other choices)
 
-What "absent" means decides what Shapley can see (measured with 5 seeds x 80 steps, README):
+What "absent" means decides what Shapley can see (measured with 5 seeds x 80 steps, docs/benchmarks.md):
 
     null_message    a coalition missing any agent keeps only the format layer, which `final` earns
                     alone; the outcome is split in equal thirds. For `left` that is the team outcome

@@ -6,7 +6,7 @@ saved as a standard directory that plain `AutoModelForCausalLM` / `AutoTokenizer
     prompts = chat_prompts(tokenizer, count=64, tokens=100)   # ChatML-rendered prompts of ~100 tokens
     peak_rss_bytes(), current_rss_bytes()                     # this process, from the kernel
 
-The tokenizer is trained on the texts the project ships (README, scenario files and their libraries),
+The tokenizer is trained on the texts the project ships (README, docs, scenario files and their libraries),
 so its merges are real subwords. The 0.5b size is Qwen2.5-0.5B's shape (24 layers, hidden 896, 14
 heads, 2 KV heads, MLP 4864, vocabulary 151936, tied embeddings): its embedding is padded past the
 tokenizer's own vocabulary to that size, so the logits cost what they cost on the real model.
@@ -32,8 +32,8 @@ TOKENIZER_VOCAB = 8192
 
 
 def corpus() -> list[str]:
-    """The project's own texts, one paragraph a line: README and every scenario file and library."""
-    files = [ROOT / "README.md", *sorted((ROOT / "scenarios").glob("*.yaml")),
+    """The project's own texts, one paragraph a line: README, the docs and every scenario file and library."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "scenarios").glob("*.yaml")),
              *sorted((ROOT / "scenarios").glob("*.py"))]
     paragraphs = []
     for path in files:

@@ -94,7 +94,7 @@ class GRPOTrainer:
     # -- one step, top to bottom ------------------------------------------------------------------
 
     def step(self) -> dict[str, float]:
-        """One GRPO step; returns its metrics (see README, "Metrics")."""
+        """One GRPO step; returns its metrics (see docs/reference.md, "Metrics")."""
         started = time.perf_counter()
         bucket, task_ids = self.buckets.sample_batch(self.config.prompts_per_step)
         tasks = [self.tasks[i] for i in task_ids]

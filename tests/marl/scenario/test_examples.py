@@ -1,4 +1,4 @@
-"""The example scenarios under examples/ (the README's check of a new scenario on the defaults) pass the
+"""The example scenarios under examples/ (docs/concepts.md's check of a new scenario on the defaults) pass the
 same conformance checks as the built-ins, and their experts solve them while a null team does not."""
 
 from __future__ import annotations
