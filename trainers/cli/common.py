@@ -90,9 +90,14 @@ def add_judge_cache_argument(parser, default: str) -> None:
     parser.add_argument("--judge-cache", metavar="PATH|off", help=JUDGE_CACHE_HELP.format(default=default))
 
 
-def judge_cache_path(value: str | None, default):
-    """The cache file --judge-cache asks for: None for 'off', `default` when not given."""
+def judge_cache_path(value: str | None, default=None):
+    """The cache file --judge-cache asks for: None for 'off'; when not given, `default`, else the user's
+    judge cache shared by rollout and credit (judgments are keyed by the whole request: safe to share)."""
     if value is None:
+        if default is None:
+            from trainers.judging import default_cache_path
+
+            return default_cache_path()
         return default
     return None if value.strip().lower() == "off" else value
 

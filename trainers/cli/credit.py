@@ -28,13 +28,12 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
     from marl.credit.coalitions import episode_credit
-    from trainers.judging import default_cache_path
 
     overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in CREDIT_FLAGS
                                   if getattr(args, key) is not None]
     with usage_errors(ValueError, FileNotFoundError):  # a bad policy, file or --episodes: one line
         scenario, policy, env, tasks = setup_play(args.file, overrides, args.policy, args.seed, args.episodes)
-        with judged(scenario, judge_cache_path(args.judge_cache, default_cache_path())):  # replays read the cache
+        with judged(scenario, judge_cache_path(args.judge_cache)):  # replays read the cache
             results = [episode_credit(env, policy, task, seed=args.seed + i)[0] for i, task in enumerate(tasks)]
         _print_credit_table(scenario, args.policy, results)
     return 0

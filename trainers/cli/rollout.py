@@ -58,7 +58,7 @@ def run(args) -> int:
                                      "LoRA adapter)") from None
                 raise
         means = []
-        with judged(scenario, _judge_cache(args)):  # a dead judge: one line, exit 2, before any episode
+        with judged(scenario, judge_cache_path(args.judge_cache)):  # a dead judge: one line, exit 2, before any episode
             for index, task in enumerate(tasks):
                 result = rollout(env, policy, task=task, seed=args.seed + index)
                 means.append(statistics.fmean(result.rewards.values()) if scenario.spec.mode == "cooperative"
@@ -72,13 +72,6 @@ def run(args) -> int:
                "mean_reward": statistics.fmean(valid) if valid else None, "masked": len(means) - len(valid)}
     print(json.dumps(summary))
     return 0
-
-
-def _judge_cache(args):
-    """--judge-cache, else the user's judge cache (judgments are keyed by the whole request: safe to share)."""
-    from trainers.judging import default_cache_path
-
-    return judge_cache_path(args.judge_cache, default_cache_path())
 
 
 def is_model_directory(policy: str) -> bool:
