@@ -1,5 +1,6 @@
 """The judge calls of a command (`marl run`, `rollout`, `credit`, `eval`): one ledger, a probe, the counts.
 
+    scenario = resolve_local_judges(scenario, cache_dir, log)   local judges' GGUF models as converted directories
     with command_ledger(scenario, cache_path, log) as ledger:   the ledger every judge of the command uses
         probe_judges(scenario)                                  one probe per endpoint: DeadJudge if one is down
         ...
@@ -8,6 +9,13 @@
 The ledger (judges.model.ledger) caches every judgment by endpoint, model and the whole request in one
 sqlite file, so a resumed run, the counterfactual replays and a second command over the same episodes
 never pay for an answer twice; a failure is never cached. Torch-free: `rollout` and `credit` use it.
+
+A `backend: local` judge's model may be a .gguf file (relative to the scenario's folder, as a directory
+is) or a packaged model's name (`smollm2-135m-instruct`): judges/ cannot convert it (that needs torch and
+the trainers' model cache), so every command that builds the scenario's judges first swaps it for its
+converted directory here (trainers/policy/gguf.py). Each local judge's model is also checked to fit the
+memory left (float32 on the CPU, as judges/model/local_backend.py loads it), and a tokenizer without a
+chat template is a warning line: the judge's rubric and question are then sent as plain text.
 """
 
 from __future__ import annotations
@@ -20,6 +28,72 @@ CACHE_FILE = "judge_cache.sqlite"  # in a run directory (and beside `marl eval`'
 
 class DeadJudge(ValueError):
     """A judge endpoint did not answer its probe (the message is one line: endpoint, error, fix)."""
+
+
+class LocalJudgeError(ValueError):
+    """A local judge's model that cannot be used (one line: the judge, the problem, the fix)."""
+
+
+def local_judge_dir(model: str, base_dir, cache_dir=None, log=print) -> Path:
+    """The directory a local judge's `model` stands for: a GGUF source converted (once) into the model cache,
+    a directory relative to `base_dir` (the scenario's folder, None: the working directory) as it is.
+    GGUFError (trainers/policy/gguf.py) when the GGUF source cannot be used."""
+    from judges.model.gguf_source import PACKAGED_MODELS, is_gguf_source
+
+    path = model if model in PACKAGED_MODELS else Path(model).expanduser()
+    if isinstance(path, Path) and not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not is_gguf_source(model):
+        return path
+    from trainers.policy.gguf import resolve_model_dir
+
+    return resolve_model_dir(path, cache_dir, log).resolve()
+
+
+def check_local_judge_dir(label: str, directory: Path, log=print) -> None:
+    """LocalJudgeError when the model does not fit the memory left; a warning line when its tokenizer has no
+    chat template (reads config, safetensors headers and tokenizer_config.json only: no weights, no torch)."""
+    import json
+
+    from trainers.policy.memory import ModelTooLarge, check_model_fits
+
+    try:
+        check_model_fits(label, directory, "float32", "cpu", fix="use a smaller judge model, or free memory")
+    except ModelTooLarge as error:
+        raise LocalJudgeError(str(error)) from None
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not (config.get("chat_template") or (directory / "chat_template.jinja").is_file()
+            or (directory / "chat_template.json").is_file()):
+        log(f"{label}: warning: {directory}'s tokenizer has no chat template, so the judge's messages are sent as "
+            "plain text; give it a template (tokenizer.chat_template, then save_pretrained) for a chat model")
+
+
+def resolve_local_judges(scenario, cache_dir=None, log=print):
+    """The scenario with each `backend: local` judge's model as a directory (GGUF sources converted into the
+    model cache, module docstring), each checked; LocalJudgeError (one line) for one that cannot be used."""
+    from dataclasses import replace
+
+    from judges.model.gguf_source import GGUFError, is_gguf_source
+
+    judges, changed = list(scenario.spec.judges), False
+    for index, judge in enumerate(judges):
+        if judge.backend != "local":
+            continue
+        label = f"judges.{index}.model ({judge.name})"
+        try:
+            directory = local_judge_dir(judge.model, scenario.base_dir, cache_dir, log)
+        except GGUFError as error:
+            raise LocalJudgeError(f"{label}: {error}") from None
+        if not (directory / "config.json").is_file():
+            raise LocalJudgeError(f"{label}: {directory} is not a Hugging Face model directory (no config.json); give "
+                                  "a model directory, a .gguf file or smollm2-135m-instruct")
+        check_local_judge_dir(label, directory, log)
+        if is_gguf_source(judge.model):  # a directory stays as written (a resumed run compares the settings)
+            judges[index], changed = judge.model_copy(update={"model": str(directory)}), True
+    return replace(scenario, spec=scenario.spec.model_copy(update={"judges": judges})) if changed else scenario
 
 
 def endpoint_judges(spec) -> list:
@@ -88,6 +162,38 @@ def probe_judges(scenario) -> None:
         if error is not None:
             raise DeadJudge(f"judge {judge.name!r}: the endpoint {backend.base_url} (model {judge.model}) does not "
                             f"answer: {error}; {_fix(judge, error)}")
+    _probe_logprobs(scenario)
+
+
+def _probe_logprobs(scenario) -> None:
+    """DeadJudge (one line) naming the first endpoint judge read with `verdict: logprobs` whose reply carries
+    no logprobs: one token asked of each, uncached, before anything is played."""
+    import asyncio
+
+    from judges.model.backend import run_sync
+    from judges.model.factory import build_backend
+    from judges.model.verdict import logprobs_problem
+
+    used = {scorer.kind for layer in ("outcome", "process", "format", "penalties")
+            for scorer in getattr(scenario.spec.rewards, layer)}
+    readers = [judge for judge in scenario.spec.judges
+               if judge.backend == "openai" and judge.verdict == "logprobs" and judge.name in used]
+    if not readers:
+        return
+    # no name: no ledger label, so the probe's answer is neither cached nor counted as the judge's
+    backends = [build_backend({**judge.model_dump(), "name": None}, scenario.base_dir) for judge in readers]
+
+    async def ask_all():
+        try:
+            return await asyncio.gather(*(logprobs_problem(backend) for backend in backends))
+        finally:
+            await asyncio.gather(*(backend.aclose() for backend in backends), return_exceptions=True)
+
+    for judge, backend, problem in zip(readers, backends, run_sync(ask_all())):
+        if problem is not None:
+            raise DeadJudge(f"judge {judge.name!r}: the endpoint {backend.base_url} (model {judge.model}) cannot give "
+                            f"a logprobs verdict: {problem}; set judges[{judge.name}].verdict: text, or serve the "
+                            "model where replies carry logprobs (vLLM, SGLang, OpenAI, marl serve)")
 
 
 class JudgeCounts:

@@ -49,8 +49,10 @@ class RunError(RuntimeError):
 def prepare(options: RunOptions, log=print):
     """Scenario, tasks, actors and trainer of a run (validation first, models after)."""
     from marl.scenario.load import load_scenario
+    from trainers.judging import resolve_local_judges
     from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_actors, placement
+    from trainers.policy.memory import check_model_fits
     from trainers.policy.prompts import directory_context
     from trainers.team.trainer import MultiAgentTrainer
 
@@ -64,6 +66,8 @@ def prepare(options: RunOptions, log=print):
     elif scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
         log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
     train_tasks, eval_tasks = scenario.split()
+    # a local judge's GGUF model converted, each checked (LocalJudgeError, a ValueError: one line, exit 2)
+    scenario = resolve_local_judges(scenario, options.cache_dir, log)
     _probe_judges(scenario)  # a judge endpoint that is down: one line and exit 2 now, not after minutes of retries
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
@@ -78,6 +82,7 @@ def prepare(options: RunOptions, log=print):
         base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
         if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
             check_context(scenario, directory_context(base))
+            check_model_fits("train.model", base, str(dtype), device)  # ModelTooLarge: one line, exit 2
         actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
                                      seed=train.seed, device=device, dtype=dtype)  # onto train.device in train.dtype
     place_actors(actors, device, dtype, train.attention)  # anything not loaded there; the attention kernels

@@ -176,13 +176,31 @@ def _policy_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
 
 
 def _model_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
-    """train.model as a GGUF file or packaged model: found, and GGUF (its conversion needs torch: at run time)."""
+    """train.model as a GGUF file or packaged model, and each local judge's model: found, and GGUF or a model
+    directory (a GGUF conversion needs torch: at run time)."""
     from judges.model.gguf_source import gguf_source_problem, is_gguf_source
 
+    problems = []
     model = scenario.spec.train.model
     if is_gguf_source(model) and (problem := gguf_source_problem(model)) is not None:
-        return [(("train", "model"), problem)]
-    return []
+        problems.append((("train", "model"), problem))
+    for index, judge in enumerate(scenario.spec.judges):  # a local judge's model: relative to the scenario's folder
+        if judge.backend == "local" and (problem := _local_judge_problem(judge.model, scenario.base_dir)):
+            problems.append((("judges", index, "model"), problem))
+    return problems
+
+
+def _local_judge_problem(model: str, base_dir: Path) -> str | None:
+    """A local judge's model: a GGUF source that is found and is GGUF, or a directory with a config.json."""
+    from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source
+
+    path = model if model in PACKAGED_MODELS else base_dir / Path(model).expanduser()
+    if is_gguf_source(model):
+        return gguf_source_problem(path)
+    if not (Path(path) / "config.json").is_file():
+        return (f"{model!r} is not a Hugging Face model directory (no config.json in {path}); give a model directory "
+                f"or a .gguf file (relative to the scenario's folder), or {', '.join(PACKAGED_MODELS)}")
+    return None
 
 
 def _team_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:

@@ -221,7 +221,7 @@ class JudgeSpec(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     backend: Literal["openai", "local", "reward_model"] = "openai"
     model: str = Field(description="the endpoint's model name; for local and reward_model, a directory (relative "
-                                   "to the scenario file)")
+                                   "to the scenario file); for local also a .gguf file or 'smollm2-135m-instruct'")
     base_url: EndpointUrl = Field(None, description="backend openai: the endpoint's base URL (http:// or https://)")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
     mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"

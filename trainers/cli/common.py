@@ -131,7 +131,11 @@ def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
 
     if episodes < 1:
         raise ValueError(f"--episodes {episodes}: expected 1 or more")
+    from trainers.judging import resolve_local_judges
+
     scenario = load_scenario(file, overrides)
+    # a local judge's GGUF model converted before the env builds its judges (LocalJudgeError: a ValueError)
+    scenario = resolve_local_judges(scenario, log=lambda line: print(line, file=sys.stderr, flush=True))
     policy = get_policy(policy_name, scenario, seed=seed)
     train, held_out = scenario.split()
     tasks = held_out + train

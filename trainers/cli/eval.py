@@ -67,6 +67,9 @@ def run(args) -> int:
     if args.retries < 0:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
     with usage_errors(*training_errors()):
+        from trainers.judging import resolve_local_judges
+
+        scenario = resolve_local_judges(scenario, args.cache_dir)  # a local judge's GGUF model: its converted directory
         checkpoint = resolve_checkpoint(args.checkpoint)
         out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
         with judged(scenario, judge_cache_path(args.judge_cache, out / CACHE_FILE)):  # a dead judge: exit 2 first

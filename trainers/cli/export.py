@@ -1,8 +1,10 @@
-"""`marl export PATH --out DIR [--merge]`: a checkpoint's models as directories to keep, share or serve.
+"""`marl export PATH --out DIR [--merge | --gguf]`: a checkpoint's models as directories (or GGUF files) to keep,
+share or serve.
 
     marl export runs/relay --out exported                 the newest checkpoint's model directories, as saved
     marl export runs/relay --out exported --merge         LoRA adapters merged into their base: standalone models
     marl export runs/relay/checkpoints/step-000200/model --out merged --merge    one directory
+    marl export runs/relay --gguf --out relay.gguf        one GGUF file for llama.cpp and Ollama (--dtype f16: half)
 
 PATH is a run directory (its newest complete checkpoint), a checkpoints/step-N directory, or one model
 or adapter directory. A checkpoint with one model writes it to DIR; with several (model/, model-<agent>/)
@@ -10,11 +12,19 @@ each goes to DIR/<its name>. Without --merge a LoRA adapter is copied as it is (
 adapter_config.json and marl_base.json name it); with --merge it is merged into its base (the one it
 names, or --base) and written as a standalone Hugging Face directory that plain transformers loads.
 A full model (a run without train.lora) is copied either way.
+
+With --gguf each model is written as one GGUF file (trainers/policy/gguf_export.py; an adapter merged into
+its base first): --out is that file when it ends in .gguf (a checkpoint with one model), else a folder
+that gets <name>.gguf per model. A model GGUF cannot hold (not a Llama or Qwen2, not a byte-level BPE
+tokenizer) is one line and exit status 2, checked from its config.json and tokenizer.json before any
+weights are read; a file is written whole or not at all.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 from trainers.cli.common import UsageError, quiet_libraries, training_errors, usage_errors
@@ -30,12 +40,20 @@ def add_parser(commands) -> None:
     export.add_argument("--merge", action="store_true", help="merge LoRA adapters into their base: standalone models")
     export.add_argument("--base", metavar="DIR", help="the adapters' base model directory (default: the one each "
                                                       "adapter names)")
+    export.add_argument("--gguf", action="store_true", help="write each model as a GGUF file for llama.cpp and Ollama "
+                                                            "(an adapter merged into its base first); --out FILE.gguf")
+    export.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="--gguf's tensor type (f16: half the "
+                                                                               "size; default f32, the weights as trained)")
     export.set_defaults(handler=run)
 
 
 def run(args) -> int:
     """Resolve PATH, write each model directory under --out, print what went where."""
     quiet_libraries()
+    if args.gguf:
+        return run_gguf(args)
+    if args.dtype != "f32":
+        raise UsageError(f"--dtype {args.dtype}: only --gguf writes tensors in another type; add --gguf, or drop --dtype")
     if args.base is not None and not args.merge:  # a copied adapter keeps the base it names: --base would be ignored
         raise UsageError(f"--base {args.base}: only --merge uses a base (a copied adapter keeps the one it names in "
                          "adapter_config.json); add --merge, or drop --base")
@@ -71,3 +89,59 @@ def export_one(source: Path, target: Path, merge: bool, base: str | None) -> str
         raise UsageError(f"--base {base}: {source} is a full model, not a LoRA adapter")
     write_directory_atomically(target, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
     return "a LoRA adapter on its base, as saved" if adapter else "a full model, as saved"
+
+
+def run_gguf(args) -> int:
+    """`marl export PATH --gguf --out FILE.gguf|DIR`: every model of PATH as a GGUF file, each checked first."""
+    from trainers.policy.gguf_export import write_gguf
+
+    with usage_errors(*training_errors()):
+        models = exported_models(Path(args.path))
+        targets = gguf_targets(models, Path(args.out))
+        for source in models.values():  # every model checked before the first is written
+            _check_gguf_source(source, args.base)
+        for name, source in models.items():
+            with tempfile.TemporaryDirectory(prefix="marl-export-") as scratch:
+                directory = _full_model(source, args.base, Path(scratch))
+                write_gguf(directory, targets[name], args.dtype, log=lambda line: print(line, file=sys.stderr))
+            print(f"wrote {targets[name]} ({source.name}{' merged into its base' if directory != source else ''}, "
+                  f"GGUF {args.dtype.upper()}, for llama.cpp and Ollama)")
+    return 0
+
+
+def gguf_targets(models: dict[str, Path], out: Path) -> dict[str, Path]:
+    """Model name -> the GGUF file it is written to: `out` itself when it names a .gguf file, else out/<name>.gguf."""
+    if out.suffix.lower() == ".gguf":
+        if len(models) > 1:
+            raise UsageError(f"--out {out}: the checkpoint has {len(models)} models ({', '.join(models)}); give a "
+                             "folder, which gets one <name>.gguf each")
+        targets = {name: out for name in models}
+    else:
+        targets = {name: out / f"{name}.gguf" for name in models}
+    for target in targets.values():
+        if target.is_dir():
+            raise UsageError(f"--out {out}: {target} is a folder; give a file path ending in .gguf, or another folder")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--out {out}: cannot create the folder {target.parent}: {error.strerror or error}") from None
+    return targets
+
+
+def _check_gguf_source(source: Path, base: str | None) -> None:
+    """GGUFExportError (one line) when the model, or an adapter's base, cannot be written as GGUF."""
+    from trainers.policy.adapters import is_adapter_dir, recorded_base_dir
+    from trainers.policy.gguf_export import GGUFExportError, export_problem
+
+    if base is not None and not is_adapter_dir(source):
+        raise UsageError(f"--base {base}: {source} is a full model, not a LoRA adapter")
+    directory = (Path(base) if base is not None else recorded_base_dir(source)) if is_adapter_dir(source) else source
+    if (problem := export_problem(directory)) is not None:
+        raise GGUFExportError(problem)
+
+
+def _full_model(source: Path, base: str | None, scratch: Path) -> Path:
+    """`source` itself, or (a LoRA adapter) its merge into its base written under `scratch`."""
+    from trainers.policy.adapters import export_merged, is_adapter_dir
+
+    return export_merged(source, scratch / "merged", base) if is_adapter_dir(source) else source

@@ -7,7 +7,9 @@ A gold file (`--gold`) may instead give {"id": "q1", "gold": 0} lines.
 
 With `--reward-model RM_DIR` the judge is a trained reward model (`marl rm train`): a pair's verdict is
 the sign of the reward difference and P(better) its Bradley-Terry probability, so its length, format and
-master-key biases are probed like a prompted judge's. These commands need no torch (a reward model does). Every bad input is one line on stderr and exit status 2, and every
+master-key biases are probed like a prompted judge's. With `--local-model MODEL` the judge is a local
+model on the CPU (a Hugging Face directory, a .gguf file or smollm2-135m-instruct, converted once into
+the model cache), prompted as an endpoint would be. These commands need no torch (a reward model does). Every bad input is one line on stderr and exit status 2, and every
 option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
 `--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
 the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
@@ -158,6 +160,8 @@ def build_judge(args, items):
 
     if args.reward_model:
         return _reward_model_judge(args.reward_model)
+    if getattr(args, "local_model", None):
+        return PairwiseJudge(_local_backend(args), logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
     if args.simulated:
         from judges.model.simulated import SimulatedClient
 
@@ -216,6 +220,34 @@ def _reward_model_judge(directory: str):
         return RewardModelJudge.load(directory)
     except (RewardModelError, OSError) as error:
         raise UsageError(f"--reward-model {directory}: {error}") from None
+
+
+def _local_backend(args):
+    """The local model of --local-model (a directory, a .gguf file or a packaged model, converted once) as the
+    judge's backend; UsageError (one line) when it cannot be used or does not fit the memory left."""
+    from judges.model.gguf_source import GGUFError
+    from judges.model.local_backend import LocalBackend
+
+    from trainers.cli.common import quiet_libraries
+    from trainers.judging import LocalJudgeError, check_local_judge_dir, local_judge_dir
+
+    flag = f"--local-model {args.local_model}"
+    if args.base_url or args.simulated:
+        raise UsageError(f"{flag}: the judge is that local model; drop {'--base-url' if args.base_url else '--simulated'}")
+    quiet_libraries()
+
+    def stderr(line: str) -> None:  # stdout keeps the command's summary line
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        directory = local_judge_dir(args.local_model, None, log=stderr)
+        if not (directory / "config.json").is_file():
+            raise UsageError(f"{flag}: {directory} is not a Hugging Face model directory (no config.json); give a "
+                             "model directory, a .gguf file or smollm2-135m-instruct")
+        check_local_judge_dir(flag, directory, stderr)
+    except (GGUFError, LocalJudgeError) as error:
+        raise UsageError(str(error) if str(error).startswith(flag) else f"{flag}: {error}") from None
+    return LocalBackend(directory)
 
 
 def _bias(text: str) -> tuple[str, float]:
@@ -388,6 +420,9 @@ def add_parser(commands) -> None:
         parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
         parser.add_argument("--reward-model", metavar="RM_DIR", help="judge with a reward model `marl rm train` "
                                                                      "wrote (pairwise verdicts from reward differences)")
+        parser.add_argument("--local-model", metavar="MODEL", help="judge with a local model: a Hugging Face "
+                                                                   "directory, a .gguf file or smollm2-135m-instruct "
+                                                                   "(converted once; runs on the CPU, no cache)")
         parser.add_argument("--model", default="sim", help="model name the endpoint serves")
         parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
         parser.add_argument("--items", required=True, metavar="FILE.jsonl", help=ITEMS_HELP)

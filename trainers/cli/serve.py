@@ -35,6 +35,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
+    from trainers.policy.memory import check_model_fits
     from trainers.policy.serve import ModelLoadError, check_port, serve
 
     # SIGTERM (a service manager, `kill`) unwinds like Ctrl-C, so the merged copy below is removed too
@@ -43,6 +44,7 @@ def run(args) -> int:
         check_port(args.port)  # before a merge, which reads the whole model
         with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:
             model_dir = servable_dir(args.model_dir, args.base, Path(scratch))
+            check_model_fits(args.model_dir, model_dir)  # served in float32 on the CPU: too large is one line now
             serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name)
     except (ValueError, ModelLoadError, FileNotFoundError) as error:  # checked before anything is served
         raise UsageError(str(error)) from None

@@ -13,8 +13,10 @@ processes asking at once convert once. Everything downstream sees only the direc
 
 Checked before anything is written, each a one-line GGUFError naming the fix: a missing package (the
 packaged model's, `gguf`), a file that is not GGUF or is truncated, an architecture transformers cannot
-convert, a converted tokenizer that does not give back the text it encoded. A pre-tokenizer type that
-transformers has no rule for (it falls back to GPT-2's split silently) is a warning line.
+convert, weights that once dequantized (twice: transformers' model and its plain copy) do not fit the
+memory left, a converted tokenizer that does not give back the text it encoded. A pre-tokenizer type
+that transformers has no rule for (it falls back to GPT-2's split silently) is a warning line, and so is
+a file without a chat template (chat is then rendered as plain text).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def convert_gguf(path: Path, cache_dir: str | Path | None = None, log: Callable[
         log(f"gguf: {path.name} cached at {target}")
         return target
     _check_cache_folder(target.parent)
+    check_conversion_memory(reader, path)
+    check_convertible(path)
     with _build_lock(target, log):  # one conversion per file and machine
         if (target / MARKER).exists():
             log(f"gguf: {path.name} cached at {target} (converted by another process meanwhile)")
@@ -90,6 +94,20 @@ def read_gguf(path: Path):
     return reader
 
 
+def check_conversion_memory(reader, path: Path) -> None:
+    """GGUFError (one line) when the file's weights, dequantized to float32, do not fit the memory left twice
+    over: transformers' model and the plain copy `_plain_model` saves are both held during the conversion."""
+    from trainers.policy.memory import ModelTooLarge, check_fits
+
+    parameters = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    try:
+        check_fits(f"{path}: converting it", parameters, 4, "cpu", copies=2,
+                   fix="convert it where more memory is free (the converted directory can be copied), or pass a "
+                       "smaller model")
+    except ModelTooLarge as error:
+        raise GGUFError(str(error)) from None
+
+
 def _truncated(path: Path, why) -> str:
     """The one line of a GGUF file that cannot be read whole (a packaged model's: reinstall its package)."""
     from judges.model.gguf_source import PACKAGED_MODELS
@@ -115,7 +133,7 @@ def warn_unknown_pre_tokenizer(reader, path: Path, log: Callable[[str], None]) -
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS as rules
     except ImportError:  # an older transformers keeps its rules elsewhere; it is not asked then
         return pre
-    if pre is not None and pre not in rules and pre not in ("default", "gpt2"):
+    if pre is not None and pre not in rules and pre not in ("default", "gpt2", "gpt-2"):
         log(f"gguf: warning: {path.name}'s pre-tokenizer {pre!r} has no rule in transformers, which splits its "
             "text as GPT-2 does; token boundaries may differ from llama.cpp's")
     return pre
@@ -123,20 +141,37 @@ def warn_unknown_pre_tokenizer(reader, path: Path, log: Callable[[str], None]) -
 
 def _load_source(path: Path):
     """(model, tokenizer) read by transformers from the GGUF file; GGUFError on what it cannot convert."""
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot convert"
-        message = " ".join(str(error).split())[:200]
-        if "not supported" in message and "architecture" in message:
-            raise GGUFError(f"{path}: transformers {transformers.__version__} cannot convert this model ({message}); "
-                            "run: pip install --upgrade transformers, or pass a Hugging Face directory") from None
-        raise GGUFError(f"{path}: transformers cannot load it ({type(error).__name__}: {message}); pass a GGUF "
-                        "file of a supported architecture or a Hugging Face directory") from None
+        raise _cannot_convert(path, error) from None
     return model, tokenizer
+
+
+def check_convertible(path: Path) -> None:
+    """GGUFError when transformers cannot read the file's configuration (an architecture it does not know):
+    its metadata only, so the line comes before a conversion starts."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        load_gguf_checkpoint(str(path), return_tensors=False)
+    except Exception as error:  # noqa: BLE001 - as _load_source
+        raise _cannot_convert(path, error) from None
+
+
+def _cannot_convert(path: Path, error: Exception) -> GGUFError:
+    """The one line of a file transformers cannot load: a newer transformers may know its architecture."""
+    import transformers
+
+    message = " ".join(str(error).split())[:200]
+    if "not supported" in message and "architecture" in message:
+        return GGUFError(f"{path}: transformers {transformers.__version__} cannot convert this model ({message}); "
+                         "run: pip install --upgrade transformers, or pass a Hugging Face directory")
+    return GGUFError(f"{path}: transformers cannot load it ({type(error).__name__}: {message}); pass a GGUF "
+                     "file of a supported architecture or a Hugging Face directory")
 
 
 def _plain_model(model):
@@ -182,6 +217,10 @@ def _convert(path: Path, sha: str, target: Path, log: Callable[[str], None]) -> 
 
     log(f"gguf: converting {path} (first use only)")
     source, tokenizer = _load_source(path)
+    if not tokenizer.chat_template:  # chat is then rendered as plain text (judges/model/chat.py render_chat)
+        log(f"gguf: warning: {path.name} has no chat template (tokenizer.chat_template), so agents and judges get "
+            "their messages as plain text; use an instruct model's GGUF, or add a template to the converted "
+            "tokenizer_config.json")
     model, ends = _plain_model(source), end_of_turn_ids(tokenizer)
     tokenizer = ensure_pad_token(tokenizer, log)
     model.config.eos_token_id, model.config.pad_token_id = ends[0], tokenizer.pad_token_id
