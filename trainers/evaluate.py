@@ -21,7 +21,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
     """
     from trainers.policy.actors import build_actors
-    from trainers.policy.loading import placement
+    from trainers.policy.loading import place_autocast, placement
     from trainers.policy.tinylm import load_policy
     from trainers.policy.prompts import directory_context
     from trainers.run import base_model_dir, check_context
@@ -53,6 +53,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
             continue  # loaded on the base by build_actors
         if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
             actors[key].model, actors[key].tokenizer = load_policy(directory, device=device, dtype=dtype)
+    place_autocast(actors, train.dtype, device, log)  # evaluated in the precision it was trained in
     return actors, seats
 
 

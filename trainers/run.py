@@ -51,7 +51,7 @@ def prepare(options: RunOptions, log=print):
     from marl.scenario.load import load_scenario
     from trainers.judging import resolve_local_judges
     from trainers.policy.actors import build_actors
-    from trainers.policy.loading import place_actors, placement
+    from trainers.policy.loading import place_actors, place_autocast, placement
     from trainers.policy.memory import check_model_fits
     from trainers.policy.prompts import directory_context
     from trainers.team.trainer import MultiAgentTrainer
@@ -86,6 +86,7 @@ def prepare(options: RunOptions, log=print):
         actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
                                      seed=train.seed, device=device, dtype=dtype)  # onto train.device in train.dtype
     place_actors(actors, device, dtype, train.attention)  # anything not loaded there; the attention kernels
+    place_autocast(actors, train.dtype, device, log)  # dtype auto: bfloat16 autocast where the CPU has it
     config = grpo_config(scenario)
     if earlier is not None:  # the KL is to the earlier policy: the reference is the start weights
         import dataclasses

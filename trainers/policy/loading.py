@@ -6,6 +6,8 @@
     place_actors(actors, device, dtype) models already built (the team's actors) moved there, with
                                       their sampling generators remade on the same device and seed
     model_device(model)               the device of a model's weights (every tensor of a step follows it)
+    place_autocast(actors, "auto", "cpu") float32 weights under bfloat16 autocast where the CPU computes
+                                      bfloat16 natively (avx512_bf16, amx_bf16), else plain float32
 
 The trainers never read `train.device` themselves: they put every tensor and generator on the device
 of the model they were given, so a model built on the CPU in a test stays on the CPU whatever the
@@ -183,3 +185,73 @@ def place_actors(actors: dict, device: str, dtype: str | torch.dtype, attention:
         generator = getattr(actor, "generator", None)
         if generator is not None and not _same_device(generator.device, model_device(model)):
             actor.generator = torch.Generator(device=model_device(model)).manual_seed(generator.initial_seed())
+
+
+# -- bfloat16 autocast on CPUs that compute it natively ----------------------------------------------
+
+AUTOCAST_MIN_PARAMETERS = 20_000_000
+"""Below this a model keeps plain float32 under dtype auto: the embedded tiny model (1.6M parameters) and
+test fixtures then compute the same numbers on every machine, and their small matmuls gain little."""
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
+    """The CPU flags among NATIVE_BF16_FLAGS this machine has (none where /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+
+
+def autocast_choice(setting: str, device: str, parameters: int, flags: list[str] | None = None
+                    ) -> tuple[torch.dtype | None, str]:
+    """(bfloat16 or None, why): whether dtype `setting` runs a float32 CPU model of `parameters` under
+    bfloat16 autocast. Only `auto` on a CPU whose hardware computes bfloat16 (avx512_bf16 or amx_bf16) does,
+    for models of at least AUTOCAST_MIN_PARAMETERS; weights, optimizer state and the loss stay float32."""
+    if setting != "auto" or torch.device(device).type != "cpu":
+        return None, f"dtype {setting} on {device}"
+    flags = cpu_bf16_flags() if flags is None else flags
+    if not flags:
+        return None, "float32: this CPU has no native bfloat16 (neither avx512_bf16 nor amx_bf16)"
+    if parameters < AUTOCAST_MIN_PARAMETERS:
+        return None, f"float32: a model of {parameters:,} parameters stays in exact float32 (autocast from " \
+                     f"{AUTOCAST_MIN_PARAMETERS:,})"
+    return torch.bfloat16, f"float32 weights under bfloat16 autocast: this CPU has {' and '.join(flags)}"
+
+
+def enable_autocast(model, dtype: torch.dtype) -> None:
+    """Run every forward of `model` (a transformers model, a peft model or an AdapterPolicy) under CPU
+    autocast to `dtype`; backward follows the forward's dtypes.
+
+    The innermost transformers model gets a subclass of its own class, of the same name, whose forward
+    enters autocast: peft's wrappers, the sampler and the learner all pass through it, a deep copy (the
+    KL reference) keeps it, and save_pretrained still records the original architecture's name."""
+    target = getattr(getattr(model, "owner", None), "peft", model)  # an AdapterPolicy: its peft model
+    if hasattr(target, "peft_config") and hasattr(target, "get_base_model"):  # peft calls the model's forward
+        target = target.get_base_model()
+    plain = type(target)
+    if getattr(plain, "marl_autocast", None) == dtype:
+        return
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast("cpu", dtype=dtype):
+            return plain.forward(self, *args, **kwargs)
+
+    target.__class__ = type(plain.__name__, (plain,), {"forward": forward, "marl_autocast": dtype,
+                                                        "__qualname__": plain.__qualname__,
+                                                        "__module__": plain.__module__})
+
+
+def place_autocast(actors: dict, setting: str, device: str, log=print) -> torch.dtype | None:
+    """Apply `autocast_choice` to every model-backed actor and log the choice once; returns the dtype."""
+    models = [actor.model for actor in actors.values() if getattr(actor, "model", None) is not None]
+    if not models:
+        return None
+    parameters = max(sum(p.numel() for p in model.parameters()) for model in models)
+    dtype, why = autocast_choice(setting, device, parameters)
+    log(f"precision: {why}")
+    for model in models if dtype is not None else ():
+        enable_autocast(model, dtype)
+    return dtype
