@@ -2,6 +2,7 @@
 
     judges.py          pointwise, pairwise (both orders), listwise and panels
     prompts.py         MT-Bench style prompts and strict verdict parsers
+    verdict.py         the verdict modes: text (MT-Bench) or logprobs (labels read from one token's probabilities)
     backend.py         the contract between judges and whatever answers their prompts
     openai_backend.py  any OpenAI-compatible endpoint (the only openai import)
     local_backend.py   a local transformers model

@@ -34,6 +34,10 @@ class ChatRequest:
     seed: passed to the endpoint (best effort on hosted models).
     sample: which of several samples of the same prompt this is (never sent): at temperature > 0 each
     sample is its own cache entry, so asking for k samples gets k answers, not one answer k times.
+    logit_bias: ((token id, bias), ...) added to those tokens' logits (OpenAI's `logit_bias`); the
+    logprobs verdict boosts its label tokens with it where the token ids are known.
+    verdict: the verdict mode the answer will be read in (`text` or `logprobs`, judges.model.verdict;
+    never sent): part of the cache key, so one mode never reads an answer asked for the other.
     """
 
     messages: tuple[dict[str, str], ...]
@@ -43,14 +47,21 @@ class ChatRequest:
     top_logprobs: int = 0
     seed: int | None = None
     sample: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    verdict: str = "text"
 
     def key(self, backend_identity: str) -> str:
         """A content hash of the whole request and the backend's identity (the cache key). The sample
         index counts only at temperature > 0 (greedy samples are one answer), and only when it is not 0,
-        so the keys of single-sample requests are those of caches written before it existed."""
+        so the keys of single-sample requests are those of caches written before it existed; likewise an
+        empty logit_bias and the text verdict mode leave the key as it was before they existed."""
         fields = asdict(self)
         if fields.pop("sample") and self.temperature > 0:
             fields["sample"] = self.sample
+        if not fields["logit_bias"]:
+            del fields["logit_bias"]
+        if fields["verdict"] == "text":
+            del fields["verdict"]
         blob = json.dumps({"backend": backend_identity, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -2,7 +2,8 @@
 
 Key: `ChatRequest.key(backend.identity)`, a sha256 over the backend identity (model and endpoint) and
 the whole request (messages, so the rendered prompt template and candidate order; max_tokens,
-temperature, logprobs flags, seed, and the sample index at temperature > 0). Value:
+temperature, logprobs flags, seed, the sample index at temperature > 0, the logit bias and the verdict
+mode when they are not the defaults). Value:
 `ChatResponse.to_json()`.
 
 Modes (`CACHE_MODES`):
@@ -193,7 +194,8 @@ class JudgeCache:
         request_blob = json.dumps({"messages": list(request.messages), "max_tokens": request.max_tokens,
                                    "temperature": request.temperature, "logprobs": request.logprobs,
                                    "top_logprobs": request.top_logprobs, "seed": request.seed,
-                                   "sample": request.sample})
+                                   "sample": request.sample, "logit_bias": list(request.logit_bias),
+                                   "verdict": request.verdict})
         with self._lock:
             if self._connection is None:
                 return False

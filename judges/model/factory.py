@@ -3,7 +3,11 @@
     judge = build_judge({"name": "helpful", "backend": "openai", "model": "gpt-4.1-mini",
                          "base_url": None, "api_key_env": "OPENAI_API_KEY", "mode": "pointwise",
                          "rubric": None, "scale": (1, 10), "calibration": "cal.json",
-                         "concurrency": 8, "timeout_s": 60})
+                         "concurrency": 8, "timeout_s": 60, "verdict": "text"})
+
+`verdict` is `text` (the MT-Bench prompt and its `Rating: [[N]]`, the default, for strong judges) or
+`logprobs` (P(Yes) read from one token's probabilities, for small ones: judges.model.verdict); a local
+model's tokenizer must spell each label as one token (LabelError, a ValueError, at build time).
 
 Backend `reward_model` is a trained reward model (`marl rm train`): `model` is its directory, and
 there is no prompt, rubric or scale (judges.model.reward_model). In a reward layer a judge scores one candidate at a time, so scenarios use `pointwise` judges;
@@ -89,7 +93,8 @@ def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, clie
                                       name=config.get("name"), device=config.get("device") or "cpu")
     else:
         judge = PointwiseJudge(build_backend(config, base_dir, client), name=config.get("name"),
-                               rubric=config.get("rubric") or DEFAULT_RUBRIC, scale=tuple(config.get("scale", (1, 10))))
+                               rubric=config.get("rubric") or DEFAULT_RUBRIC, scale=tuple(config.get("scale", (1, 10))),
+                               verdict=config.get("verdict") or "text")
     if not config.get("calibration"):
         return judge
     from judges.stats.calibration import Calibrator

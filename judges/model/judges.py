@@ -18,6 +18,10 @@ outside [0, 1] is a failed judgment (status error), never a number.
 - Listwise: candidates are ranked `permutations` times in cyclically shifted orders, so each sits in
   each position equally often (with permutations = n); score = mean normalised rank.
 - Panel: several judges, mean of their ok scores (failures left out; all failed = failed).
+
+`verdict="logprobs"` (pointwise and pairwise judges) swaps the MT-Bench prompt for a one-token question
+read from the first token's probabilities (judges.model.verdict): P(Yes) for one answer, P(A better) per
+order for a pair; labels holding under half the probability fail the judgment.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from judges.model.backend import ChatBackend, ChatRequest, ChatResponse, checked_response, run_sync
 from judges.model.prompts import (DEFAULT_RUBRIC, LISTWISE_SYSTEM, PAIRWISE_SYSTEM, POINTWISE_SYSTEM, listwise_messages,
                             pairwise_messages, parse_pairwise, parse_ranking, parse_rating, pointwise_messages,
                             template_hash)
+from judges.model.verdict import PAIRWISE_LABELS, POINTWISE_LABELS, label_verdict
 from judges.types import Candidate, Item, Judgment, failed
 
 
@@ -39,14 +44,21 @@ class ModelJudge:
 
     kind = "model"
     templates: tuple[str, ...] = ()
+    labels: tuple[str, ...] | None = None  # the labels of the logprobs verdict (None: the kind has none)
 
     def __init__(self, backend: ChatBackend, *, name: str | None = None, rubric: str = DEFAULT_RUBRIC,
                  max_tokens: int = 512, temperature: float = 0.0, seed: int = 0, logprobs: bool = True,
-                 top_logprobs: int = 5):
+                 top_logprobs: int = 5, verdict="text"):
         self.backend, self.rubric = backend, rubric
         self.name = name or f"{self.kind}-judge"
-        self.settings = dict(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs,
-                             top_logprobs=top_logprobs if logprobs else 0)
+        # 'text' (None here) or the logprobs plug-in; a local backend's tokenizer checks the labels now
+        self.verdict = label_verdict(verdict, self.labels, backend, self.kind)
+        if self.verdict is None:
+            self.settings = dict(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=logprobs,
+                                 top_logprobs=top_logprobs if logprobs else 0)
+        else:  # one greedy token and its top alternatives, whatever the text mode's settings say
+            self.settings = dict(seed=seed, **self.verdict.settings())
+            self.templates = self.verdict.templates()
 
     @property
     def identity(self) -> str:
@@ -103,6 +115,7 @@ class PointwiseJudge(ModelJudge):
 
     kind = "pointwise"
     templates = (POINTWISE_SYSTEM,)
+    labels = POINTWISE_LABELS
 
     def __init__(self, backend: ChatBackend, *, scale: tuple[int, int] = (1, 10), on_no_logprobs: str = "label",
                  use_reference: bool = False, **options):
@@ -115,6 +128,10 @@ class PointwiseJudge(ModelJudge):
 
     async def ascore(self, item: Item, candidates: Sequence[Candidate]) -> list[Judgment]:
         reference = item.answer if self.use_reference else None
+        if self.verdict is not None:
+            responses = await asyncio.gather(*(self._ask(self.verdict.pointwise_messages(
+                item.prompt, c.text, self.rubric, reference)) for c in candidates))
+            return [_bounded(self.verdict.pointwise_judgment(response)) for response in responses]
         responses = await asyncio.gather(*(self._ask(pointwise_messages(item.prompt, c.text, self.scale, self.rubric,
                                                                          reference)) for c in candidates))
         return [_bounded(self._judgment(response)) for response in responses]
@@ -149,8 +166,9 @@ class PairJudgment:
     status: str
     rationale: str = ""
     # per order, P(the candidate in slot 1 is better), when the judge gives exact probabilities per order (a
-    # reward model's Bradley-Terry ones); the bias report then fits its slopes on them, not on 0/1 picks
+    # reward model's Bradley-Terry ones, a logprobs verdict's); the bias report then fits its slopes on them
     slot1_probabilities: tuple[float, ...] | None = None
+    details: dict = field(default_factory=dict)  # evidence (a logprobs verdict's label mass), failures too
 
 
 class PairwiseJudge(ModelJudge):
@@ -158,6 +176,7 @@ class PairwiseJudge(ModelJudge):
 
     kind = "pairwise"
     templates = (PAIRWISE_SYSTEM,)
+    labels = PAIRWISE_LABELS
 
     def __init__(self, backend: ChatBackend, *, orders: str = "both", **options):
         super().__init__(backend, **options)
@@ -168,6 +187,8 @@ class PairwiseJudge(ModelJudge):
     async def compare(self, item: Item, a: Candidate, b: Candidate) -> PairJudgment:
         """Judge a against b (and b against a when orders='both')."""
         frames = [(a.text, b.text, False)] + ([(b.text, a.text, True)] if self.orders == "both" else [])
+        if self.verdict is not None:
+            return await self._compare_by_labels(item, frames)
         responses = await asyncio.gather(*(self._ask(pairwise_messages(item.prompt, x, y, self.rubric))
                                            for x, y, _ in frames))
         probabilities, verdicts = [], []
@@ -190,13 +211,31 @@ class PairwiseJudge(ModelJudge):
             return PairJudgment(None, (), None, "error", f"P(first better) {p_a!r} is not a finite number in [0, 1]")
         return PairJudgment(min(max(p_a, 0.0), 1.0), tuple(verdicts), consistent, "ok")
 
+    async def _compare_by_labels(self, item: Item, frames: list) -> PairJudgment:
+        """The logprobs verdict: P(slot 1 better) read from the first token in each order, averaged in the
+        frame of (a, b); a reading that fails fails the pair (with its label mass in the details)."""
+        responses = await asyncio.gather(*(self._ask(self.verdict.pairwise_messages(item.prompt, x, y, self.rubric))
+                                           for x, y, _ in frames))
+        readings = [self.verdict.read(response) for response in responses]
+        masses = [reading.mass for reading in readings]
+        if (failure := next((r for r in readings if not r.ok), None)) is not None:
+            return PairJudgment(None, (), None, failure.status, failure.why,
+                                details={**failure.details(), "label_mass_per_order": masses})
+        slot1 = tuple(reading.probabilities[self.verdict.labels[0]] for reading in readings)
+        p_orders = [1.0 - p if swapped else p for p, (_, _, swapped) in zip(slot1, frames)]
+        verdicts = tuple("a" if p > 0.5 else "b" if p < 0.5 else "tie" for p in p_orders)
+        p_a = min(max(sum(p_orders) / len(p_orders), 0.0), 1.0)
+        return PairJudgment(p_a, verdicts, verdicts[0] == verdicts[1] if len(verdicts) == 2 else None, "ok",
+                            slot1_probabilities=slot1,
+                            details={"scoring": "label_probability", "label_mass_per_order": masses})
+
     async def ascore(self, item: Item, candidates: Sequence[Candidate]) -> list[Judgment]:
         if len(candidates) != 2:
             raise ValueError(f"a pairwise judge scores exactly 2 candidates, got {len(candidates)}")
         pair = await self.compare(item, candidates[0], candidates[1])
         if pair.p_a is None:
-            return [failed(pair.status, pair.rationale)] * 2
-        details = {"verdicts": pair.verdicts, "consistent": pair.consistent}
+            return [failed(pair.status, pair.rationale, **pair.details)] * 2
+        details = {"verdicts": pair.verdicts, "consistent": pair.consistent, **pair.details}
         return [Judgment("ok", pair.p_a, label="better" if pair.p_a > 0.5 else "worse", details=details),
                 Judgment("ok", 1 - pair.p_a, label="better" if pair.p_a < 0.5 else "worse", details=details)]
 

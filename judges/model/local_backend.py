@@ -9,9 +9,16 @@ The prompt is `judges.model.chat.render_chat` (the tokenizer's chat template whe
 the messages' contents joined by newlines), the rendering the trainers give an agent's turn, and
 generation stops at any of the model's end tokens (`stop_token_ids`), which the text never contains.
 temperature 0 means greedy; with logprobs, every generated token comes with its logprob and
-`top_logprobs` alternatives from the distribution it was drawn from. A token the sampler filtered
+`top_logprobs` alternatives from the distribution it was drawn from (computed in float64, so a label's
+probability reads back exactly), `logit_bias` added to it where asked. A token the sampler filtered
 out (top_p) has logprob -inf, which JSON cannot carry: it is sent as -9999.0, the floor OpenAI and
 vLLM use. `LocalBackend` checks every answer like the HTTP backend (`checked_response`).
+
+Requests are batched: every request that arrives while the model is busy waits in a queue, and the
+next free turn runs all of them in one `generate` call (left-padded rows; greedy requests together,
+unseeded sampled ones by temperature and top_p, a seeded sampled one alone so its seed reproduces it).
+So N concurrent requests take fewer forwards than N, from HTTP (`marl serve`) and from `LocalBackend`,
+which hands the requests of one event-loop turn (a judge's `asyncio.gather`) over together.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from judges.model.backend import ChatRequest, ChatResponse, checked_response
@@ -56,6 +64,8 @@ class RequestError(Exception):
 
 MAX_TOKENS_LIMIT = 4096  # one request cannot hold the single model thread for an unbounded generation
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's own limit
+MAX_BATCH_ROWS = 32  # requests run in one generate call at most
+MAX_LOGIT_BIAS = 100.0  # the OpenAI API's range is [-100, 100]
 
 
 def _plain(x: float) -> str:
@@ -84,18 +94,65 @@ def _sampling(payload: dict) -> tuple[int, float, float]:
     return int(max_tokens), temperature, top_p
 
 
+def _logit_bias(payload: dict, vocabulary: int) -> dict[int, float]:
+    """{token id: bias} of a request's `logit_bias` ({"id": number}), else a 400 RequestError saying why."""
+    raw = payload.get("logit_bias") or {}
+    if not isinstance(raw, dict):
+        raise RequestError(400, "invalid_request_error", "logit_bias must be an object of token id -> bias")
+    bias = {}
+    for key, value in raw.items():
+        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        if token is None or not 0 <= token < vocabulary:
+            raise RequestError(400, "invalid_request_error", f"logit_bias: {key!r} is not a token id of this model "
+                                                             f"(0 to {vocabulary - 1})")
+        bias[token] = _number({"logit_bias": value}, "logit_bias", 0, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return bias
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request on its way through the batch queue: what to generate, then what came out."""
+
+    ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    bias: dict[int, float]
+    top_logprobs: int | None  # None: no logprobs asked
+    done: threading.Event = field(default_factory=threading.Event)
+    tokens: list[int] = field(default_factory=list)  # generated, up to and including the first end token
+    content: list[dict] | None = None  # the OpenAI logprobs content of the kept tokens
+    error: BaseException | None = None
+
+    def group(self) -> tuple:
+        """Jobs with equal groups may share one generate call."""
+        if self.temperature == 0:
+            return ("greedy",)
+        if self.seed is not None:  # a seed reproduces a draw only when nothing else shares the generator
+            return ("seeded", id(self))
+        return ("sample", self.temperature, self.top_p)
+
+
 class LocalModel:
-    """Holds the model and answers chat-completion payloads (independent of HTTP)."""
+    """Holds the model and answers chat-completion payloads (independent of HTTP), batching concurrent ones."""
 
     def __init__(self, model_dir: str | Path, name: str | None = None):
         self.model, self.tokenizer = _load(model_dir)
         self.stop_ids = stop_token_ids(self.model, self.tokenizer)  # every end token (eos list, end of turn)
         self.name = name or Path(model_dir).name
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held while the model runs; whoever holds it serves the whole queue
+        self._queue: list[_Job] = []
+        self._queue_lock = threading.Lock()
 
     def models(self) -> dict:
         """The /v1/models listing."""
         return {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "marl"}]}
+
+    def queued(self) -> int:
+        """How many requests wait for the model."""
+        with self._queue_lock:
+            return len(self._queue)
 
     def _prompt_ids(self, messages: list[dict]):
         import torch
@@ -110,50 +167,119 @@ class LocalModel:
             raise RequestError(400, "invalid_request_error", "the prompt tokenised to nothing")
         return torch.tensor([ids])
 
-    def chat(self, payload: dict) -> dict:
-        """One chat completion, OpenAI-shaped."""
+    def _job(self, payload: dict) -> _Job:
+        """The request checked and tokenised (a RequestError before it reaches the queue)."""
         if payload.get("model") not in (None, self.name):
             raise RequestError(404, "not_found_error", f"model {payload.get('model')!r} not found; "
                                                        f"this server serves {self.name!r}")
-        ids = self._prompt_ids(payload.get("messages"))
+        ids = self._prompt_ids(payload.get("messages"))[0].tolist()
         max_tokens, temperature, top_p = _sampling(payload)
-        with self.lock:
-            if payload.get("seed") is not None:
-                _seed_torch(int(_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)))
-            tokens, steps = self._generate(ids, max_tokens, temperature, top_p)
-        return self._completion(tokens, steps, ids.size(1), payload)
+        seed = int(_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)) if payload.get("seed") is not None else None
+        bias = _logit_bias(payload, int(self.model.config.vocab_size))
+        top = int(payload.get("top_logprobs") or 0) if payload.get("logprobs") else None
+        return _Job(ids, max_tokens, temperature, top_p, seed, bias, top)
 
-    def _generate(self, ids, max_tokens, temperature, top_p):
+    def chat(self, payload: dict) -> dict:
+        """One chat completion, OpenAI-shaped (a RequestError for a bad request)."""
+        answer = self.chat_many([payload])[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def chat_many(self, payloads: list[dict]) -> list:
+        """A completion per payload, in order, all queued at once (so they share generate calls); a bad
+        payload's entry is its RequestError, and a failure of the model is raised."""
+        answers: list = [None] * len(payloads)
+        jobs: list[tuple[int, _Job]] = []
+        for index, payload in enumerate(payloads):
+            try:
+                jobs.append((index, self._job(payload)))
+            except RequestError as error:
+                answers[index] = error
+        self._run([job for _, job in jobs])
+        for index, job in jobs:
+            if job.error is not None:
+                raise job.error
+            answers[index] = self._completion(job, payloads[index])
+        return answers
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """Queue `jobs` and wait for them; whoever gets the model next runs everything queued by then."""
+        with self._queue_lock:
+            self._queue.extend(jobs)
+        for job in jobs:
+            while not job.done.is_set():
+                with self.lock:
+                    if job.done.is_set():  # another caller's turn ran it
+                        break
+                    with self._queue_lock:
+                        batch, self._queue = self._queue, []
+                    self._execute(batch)
+
+    def _execute(self, batch: list[_Job]) -> None:
+        """Run the queued jobs, those of one group together (at most MAX_BATCH_ROWS per generate call)."""
+        groups: dict[tuple, list[_Job]] = {}
+        for job in batch:
+            groups.setdefault(job.group(), []).append(job)
+        for jobs in groups.values():
+            for start in range(0, len(jobs), MAX_BATCH_ROWS):
+                chunk = jobs[start:start + MAX_BATCH_ROWS]
+                try:
+                    self._generate(chunk)
+                except BaseException as error:  # noqa: BLE001 - each waiting request gets the failure
+                    for job in chunk:
+                        job.error = error
+                finally:
+                    for job in chunk:
+                        job.done.set()
+
+    def _generate(self, jobs: list[_Job]) -> None:
+        """One generate call over `jobs` (left-padded rows), each job's tokens and logprobs filled in."""
         import torch
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
-            else dict(do_sample=False)
-        with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id,
-                                      eos_token_id=self.stop_ids, output_scores=True,
-                                      return_dict_in_generate=True, **sampling)
-        tokens = out.sequences[0, ids.size(1):].tolist()
-        steps = [torch.log_softmax(score[0].float(), dim=-1) for score in out.scores]
-        return tokens, steps
 
-    def _completion(self, tokens, steps, prompt_tokens, payload) -> dict:
-        end = next((i for i, token in enumerate(tokens) if token in self.stop_ids), None)
-        finish = "length" if end is None else "stop"
-        kept = tokens if end is None else tokens[:end]  # the text stops before the end token
-        choice = {"index": 0, "finish_reason": finish, "logprobs": None,
+        width, pad = max(len(job.ids) for job in jobs), self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(job.ids)) + job.ids for job in jobs])
+        mask = torch.tensor([[0] * (width - len(job.ids)) + [1] * len(job.ids) for job in jobs])
+        first = jobs[0]
+        sampling = dict(do_sample=True, temperature=first.temperature, top_p=first.top_p, top_k=0) \
+            if first.temperature > 0 else dict(do_sample=False)
+        if first.seed is not None:
+            _seed_torch(first.seed)
+        if any(job.bias for job in jobs):
+            sampling["logits_processor"] = _bias_processor(jobs, int(self.model.config.vocab_size))
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(j.max_tokens for j in jobs),
+                                      pad_token_id=pad, eos_token_id=self.stop_ids, output_scores=True,
+                                      return_dict_in_generate=True, **sampling)
+        for row, job in enumerate(jobs):
+            tokens = out.sequences[row, width:].tolist()[:job.max_tokens]
+            end = next((i for i, token in enumerate(tokens) if token in self.stop_ids), None)
+            job.tokens = tokens if end is None else tokens[:end + 1]  # a finished row is padded after its end
+            if job.top_logprobs is not None:
+                kept = job.tokens if end is None else job.tokens[:end]
+                job.content = self._logprobs(kept, [score[row] for score in out.scores[:len(kept)]], job.top_logprobs)
+
+    def _completion(self, job: _Job, payload: dict) -> dict:
+        ended = bool(job.tokens) and job.tokens[-1] in self.stop_ids
+        kept = job.tokens[:-1] if ended else job.tokens  # the text stops before the end token
+        choice = {"index": 0, "finish_reason": "stop" if ended else "length", "logprobs": None,
                   "message": {"role": "assistant", "content": self.tokenizer.decode(kept, skip_special_tokens=True)}}
-        if payload.get("logprobs"):
-            choice["logprobs"] = {"content": self._logprobs(kept, steps, int(payload.get("top_logprobs") or 0))}
+        if job.content is not None:
+            choice["logprobs"] = {"content": job.content}
+        prompt_tokens = len(job.ids)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name, "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
-                          "total_tokens": prompt_tokens + len(tokens)}}
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(job.tokens),
+                          "total_tokens": prompt_tokens + len(job.tokens)}}
 
-    def _logprobs(self, tokens, steps, top) -> list[dict]:
+    def _logprobs(self, tokens, scores, top) -> list[dict]:
+        """The OpenAI logprobs content of `tokens`, from the (processed) scores each was drawn from; the
+        softmax runs in float64, so summing label probabilities loses nothing to rounding."""
         import torch
 
         content = []
-        for token, logprobs in zip(tokens, steps):
+        for token, score in zip(tokens, scores):
+            logprobs = torch.log_softmax(score.double(), dim=-1)
             best = torch.topk(logprobs, k=min(max(top, 0), logprobs.numel()))
             content.append({"token": self.tokenizer.decode([token]), "logprob": _floored(logprobs[token].item()),
                             "bytes": None,
@@ -162,34 +288,75 @@ class LocalModel:
         return content
 
 
-
-
 def _floored(logprob: float) -> float:
     """A JSON-safe logprob: -inf becomes LOGPROB_FLOOR (NaN stays NaN, for the check to refuse)."""
     return max(logprob, LOGPROB_FLOOR) if logprob == logprob else logprob
 
 
+def _bias_processor(jobs: list[_Job], vocabulary: int):
+    """A logits processor adding each row's logit_bias to its scores (zeros for rows without one)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    bias = torch.zeros(len(jobs), vocabulary)
+    for row, job in enumerate(jobs):
+        for token, value in job.bias.items():
+            bias[row, token] = value
+
+    class RowBias(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores + bias[:, :scores.shape[-1]].to(scores.device, scores.dtype)
+
+    return LogitsProcessorList([RowBias()])
+
+
 class LocalBackend:
-    """`ChatBackend` over a LocalModel; one request at a time in a worker thread."""
+    """`ChatBackend` over a LocalModel, generating in a worker thread. The requests one event-loop turn
+    brings (a judge's `asyncio.gather`) go to the model together, so they share generate calls."""
 
     def __init__(self, model_dir: str | Path, name: str | None = None):
         self.model = LocalModel(model_dir, name)
         self.identity = f"local:{self.model.name}@{Path(model_dir).resolve()}"
+        self._pending: dict = {}  # event loop -> [(payload, future)] waiting for this turn's hand-over
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (the logprobs verdict checks its labels with it, judges.model.verdict)."""
+        return self.model.tokenizer
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         """Generate; a client error becomes an api_error response, never an exception."""
         payload = {"messages": list(request.messages), "max_tokens": request.max_tokens,
                    "temperature": request.temperature, "seed": request.seed, "logprobs": request.logprobs,
-                   "top_logprobs": request.top_logprobs}
+                   "top_logprobs": request.top_logprobs,
+                   "logit_bias": {str(token): bias for token, bias in request.logit_bias}}
         started = time.perf_counter()
-        try:
-            answer = await asyncio.to_thread(self.model.chat, payload)
-        except RequestError as error:
-            return ChatResponse("api_error", error=f"{error.status}: {error}", latency=time.perf_counter() - started)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        waiting = self._pending.setdefault(loop, [])
+        waiting.append((payload, future))
+        if len(waiting) == 1:  # the first of this turn hands the whole turn's requests over, once they are in
+            loop.call_soon(self._hand_over, loop)
+        answer = await future
+        if isinstance(answer, RequestError):
+            return ChatResponse("api_error", error=f"{answer.status}: {answer}", latency=time.perf_counter() - started)
         choice = answer["choices"][0]
         content = (choice.get("logprobs") or {}).get("content")
         logprobs = tuple({t["token"]: t["logprob"] for t in token["top_logprobs"]} for token in content) \
-            if content else None
+            if content is not None else None
         status = "truncated" if choice["finish_reason"] == "length" else "ok"
         return checked_response(ChatResponse(status, text=choice["message"]["content"], finish_reason=choice["finish_reason"],
                             token_logprobs=logprobs, usage=answer["usage"], latency=time.perf_counter() - started))
+
+    def _hand_over(self, loop) -> None:
+        """Send the requests gathered in this turn to the model in one chat_many call (a worker thread)."""
+        waiting = self._pending.pop(loop, [])
+        work = loop.run_in_executor(None, self.model.chat_many, [payload for payload, _ in waiting])
+
+        def deliver(done) -> None:
+            error = asyncio.CancelledError() if done.cancelled() else done.exception()
+            for index, (_, future) in enumerate(waiting):
+                if not future.done():
+                    future.set_exception(error) if error is not None else future.set_result(done.result()[index])
+
+        work.add_done_callback(deliver)

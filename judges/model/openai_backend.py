@@ -441,6 +441,8 @@ class OpenAIBackend:
             arguments["logprobs"] = True
             if request.top_logprobs:
                 arguments["top_logprobs"] = request.top_logprobs
+        if request.logit_bias:  # OpenAI's wire form: token id (as a string) -> bias
+            arguments["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
         return arguments
 
     def _shared_gate(self):

@@ -62,7 +62,9 @@ Logprobs: each verdict/rating/ranking token's top_logprobs are the EXACT log-pro
   drawn from p^(1/temperature) (argmax at temperature 0) with a random.Random keyed on (seed, the
   request's messages and seed), so the same request always gets the same answer (cache replays match).
   The request's own temperature is ignored: `temperature` is the judge's intrinsic decision noise.
-If the reply has more tokens than max_tokens it is cut there with finish_reason "length".
+If the reply has more tokens than max_tokens it is cut there with finish_reason "length"; asked for one
+token (max_tokens 1: the logprobs verdict, judges.model.verdict), the reply is the verdict token itself:
+"A" / "B" (/ "C") for a pair, "Yes" / "No" for one answer with P(Yes) = sigmoid(s).
 `fail(request_index)` may return None (answer normally), an exception (raised), an int HTTP status
 (raises SimulatedAPIError), or "refusal" / "length" / "timeout" / "malformed".
 """
@@ -218,6 +220,11 @@ def _log_softmax(logits: Mapping[str, float]) -> dict[str, float]:
     return {k: (v - total if v != -math.inf else FLOOR_LOGPROB) for k, v in logits.items()}
 
 
+def _log_sigmoid(x: float) -> float:
+    """log(sigmoid(x)), without overflow at either end."""
+    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
+
+
 def _logistic_cdf(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
@@ -352,12 +359,17 @@ class SimulatedClient:
             del utilities[choice]
         return tokens + ["]]"], distributions
 
-    def answer(self, prompt: str, rng: random.Random,
-               context: str = "") -> tuple[list[str], dict[int, dict[str, float]]]:
+    def answer(self, prompt: str, rng: random.Random, context: str = "",
+               one_token: bool = False) -> tuple[list[str], dict[int, dict[str, float]]]:
         """(reply tokens, {index of a verdict token: its exact logprobs}) for one prompt; `context` is the
-        text of the other messages (where a pointwise scale may be written)."""
+        text of the other messages (where a pointwise scale may be written). Asked for `one_token` (the
+        logprobs verdict: max_tokens 1), the verdict is the first token: "A" / "B" (/ "C") for a pair,
+        "Yes" / "No" for one answer, P(Yes) = sigmoid(s)."""
         reasoning = _tokens("I compared the answers for helpfulness, relevance, accuracy and level of detail.")
         pair = parse_pairwise_prompt(prompt)
+        if pair is not None and one_token:
+            distribution = self.pairwise_logprobs(*pair)
+            return [self._sample(distribution, rng)], {0: distribution}
         if pair is not None:
             distribution = self.pairwise_logprobs(*pair)
             tokens = reasoning + ["\n", "[[", self._sample(distribution, rng), "]]"]
@@ -368,6 +380,10 @@ class SimulatedClient:
             offset = len(reasoning) + 1
             return reasoning + ["\n"] + ranking, {offset + i: d for i, d in distributions.items()}
         single = parse_pointwise_prompt(prompt, context)
+        if single is not None and one_token:
+            s = self.pointwise_logit(single[0])
+            distribution = {"Yes": _log_sigmoid(s), "No": _log_sigmoid(-s)}
+            return [self._sample(distribution, rng)], {0: distribution}
         if single is not None:
             distribution = self.rating_logprobs(*single)
             tokens = reasoning + ["\n", "Rating", ":", " [[", self._sample(distribution, rng), "]]"]
@@ -394,7 +410,7 @@ class SimulatedClient:
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         prompt = messages[users[-1]].get("content", "") if users else ""
         context = "\n".join(m.get("content", "") for i, m in enumerate(messages) if not users or i != users[-1])
-        tokens, verdicts = self.answer(prompt, self._rng(messages, seed), context)
+        tokens, verdicts = self.answer(prompt, self._rng(messages, seed), context, one_token=max_tokens == 1)
         finish_reason = "stop"
         if failure == "length" or (max_tokens is not None and len(tokens) > max_tokens):
             cut = min(verdicts, default=len(tokens)) - 1 if failure == "length" else (max_tokens or 0)

@@ -16,7 +16,11 @@ What is measured (every estimate is {estimate, ci_low, ci_high}):
   the judge's own authorship (probes with the same content), net of the measured length slope;
 - master_key / null_answer / injection: how often a contentless "master key", an empty answer or an
   instruction to the judge beats a real answer (Clopper-Pearson CIs);
-- gold (when items carry `gold`, the index of the better candidate): accuracy, Cohen's kappa and
+- accuracy (first, when items carry `gold` 0 or 1): the share of gold pairs whose both-orders verdict
+  picks the better answer (a tie counts half), with its Wilson 95% CI, and `at_chance` with a plain
+  `statement` when the CI holds 0.5: the bias figures of a judge at chance describe a coin, not worth
+  calibrating. Failed pairs are left out and counted (`n_failed`);
+- gold (when at least 10 items carry `gold`): accuracy, Cohen's kappa and
   Krippendorff's alpha of the verdicts, Spearman and Kendall of P(better) against gold, each with a
   bootstrap CI, and ECE of P(better) before and after Platt calibration (cross-fitted halves).
 Each graded quantity gets pass / warn / fail from `THRESHOLDS`, but only from an estimate with a
@@ -191,6 +195,35 @@ def _gold(items: list[ReportItem], pairs) -> dict | None:
             "ece_calibrated": expected_calibration_error(calibrated, gold_first)}
 
 
+def _accuracy(items: list[ReportItem], pairs) -> dict | None:
+    """Accuracy against gold with its Wilson CI and whether the judge is at chance (see the module docstring);
+    None when no item has a gold 0 or 1."""
+    from judges.stats.inference import wilson
+
+    gold = [(item.gold, pair) for item, pair in zip(items, pairs) if item.gold in (0, 1)]
+    if not gold:
+        return None
+    decided = [(g, pair.p_a) for g, pair in gold if pair.p_a is not None]
+    section = {"n_gold": len(gold), "n": len(decided), "n_failed": len(gold) - len(decided),
+               "ties": sum(p == 0.5 for _, p in decided)}
+    if not decided:
+        return {**section, "estimate": None, "at_chance": None,
+                "statement": f"not estimated: every one of the {len(gold)} gold pairs failed (see the notes)"}
+    right = sum(1.0 if (p > 0.5) == (g == 0) else 0.0 for g, p in decided if p != 0.5) + 0.5 * section["ties"]
+    estimate = wilson(right, len(decided))
+    at_chance = estimate.contains(0.5)
+    where = ("at chance: the CI includes 0.5, so this judge does not tell the better answer from the worse here and "
+             "its bias figures describe a coin (not worth calibrating)" if at_chance else
+             "above chance: the CI excludes 0.5" if estimate.ci_low > 0.5 else
+             "below chance: the CI excludes 0.5 from above; the judge prefers the worse answer (check the gold's "
+             "direction)")
+    statement = (f"{where}; accuracy {estimate.estimate:.3f}, 95% CI [{estimate.ci_low:.3f}, {estimate.ci_high:.3f}] "
+                 f"(Wilson) on {len(decided)} gold pairs" + (f", {section['n_failed']} failed" if section["n_failed"]
+                                                              else ""))
+    return {**section, **_estimate_dict(estimate), "method": estimate.method, "at_chance": at_chance,
+            "statement": statement}
+
+
 def _finite(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -268,6 +301,8 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
                                     for kind in kinds))
     results = dict(zip(kinds, judged))
     report: dict = {"judge": getattr(judge, "identity", str(judge)), "n_items": len(items)}
+    if (accuracy := _accuracy([i for _, i in paired], position_pairs)) is not None:
+        report["accuracy"] = accuracy  # first: the bias figures of a judge at chance are not worth reading
     every_pair = list(position_pairs) + [p for pairs in judged for p in pairs]
     if every_pair:  # P(slot 1 twice) / P(slot 2 twice) = exp(2p) for any pair, so every both-order pair counts
         report["position"] = _guarded(_position, every_pair)
@@ -310,9 +345,13 @@ def report_markdown(report: dict) -> str:
             return f"{number(value['estimate'])} [{number(value['ci_low'])}, {number(value['ci_high'])}]"
         return "-" if value is None else number(value, "") if isinstance(value, float) else str(value)
 
+    accuracy = report.get("accuracy")
+    lead = (f"**Accuracy against gold: {accuracy['statement']}.**" if accuracy else
+            "Accuracy against gold: not measured (no item has a `gold` label; add them to see whether the judge is "
+            "better than chance).")
     lines = [f"# Judge bias report", "", f"judge: `{report['judge']}`  ", f"items: {report['n_items']}, judgments: "
-             f"{report['n_calls']}, failed pairs: {report['n_failed']}", "", "| quantity | estimate [95% CI] | verdict |",
-             "|---|---|---|"]
+             f"{report['n_calls']}, failed pairs: {report['n_failed']}", "", lead, "",
+             "| quantity | estimate [95% CI] | verdict |", "|---|---|---|"]
     for key in THRESHOLDS:
         section, name = key.split(".")
         if key in report["verdicts"]:

@@ -74,6 +74,17 @@ def clopper_pearson(successes: int, trials: int, level: float = 0.95) -> Estimat
     return Estimate(successes / trials, low, high, level, "Clopper-Pearson exact")
 
 
+def wilson(successes: float, trials: int, level: float = 0.95) -> Estimate:
+    """Wilson score CI for a binomial rate, e.g. a judge's accuracy against gold: well behaved at small n
+    and at 0 or n successes; `successes` may be fractional (a tie counted half right)."""
+    if trials <= 0 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials > 0, got {successes}/{trials}")
+    z, rate = _z(level), successes / trials
+    center = (rate + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(rate * (1 - rate) / trials + z * z / (4 * trials * trials))
+    return Estimate(rate, max(center - half, 0.0), min(center + half, 1.0), level, "Wilson score")
+
+
 # -------------------------------------------------------------------------------------- position bias
 
 

@@ -288,6 +288,11 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
                                                     "'pointwise' (pairwise and listwise compare candidates)"))
     if judge.backend == "reward_model" and (problem := reward_model_problem(scenario.base_dir / judge.model)):
         problems.append((("judges", index, "model"), problem))
+    if judge.backend == "local" and judge.verdict == "logprobs":
+        from judges.model.verdict import local_label_problem
+
+        if (problem := local_label_problem(scenario.base_dir / judge.model)) is not None:
+            problems.append((("judges", index, "verdict"), problem))
     if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():
         problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} not found next to the "
                                                            "scenario (fit one with `marl judges calibrate`)"))

@@ -227,6 +227,11 @@ class JudgeSpec(Strict):
     mode: Literal["pointwise", "pairwise", "listwise"] = "pointwise"
     rubric: str | None = None
     scale: tuple[int, int] = (1, 10)
+    verdict: Literal["text", "logprobs"] = Field(
+        "text", description="how the verdict is read: text (the MT-Bench prompt, an explanation then "
+                            "'Rating: [[N]]'; for strong judges) or logprobs (a one-token Yes/No question, the score "
+                            "P(Yes) from the first token's probabilities, a failed judgment when Yes/No hold under "
+                            "half of them; for small judges, on an endpoint that returns logprobs)")
     calibration: str | None = Field(None, description="path of a calibration JSON for this judge")
     concurrency: int = Field(8, ge=1, description="requests in flight at most (across a Ray cluster: in all)")
     requests_per_second: float | None = Field(None, gt=0, description="requests sent per second at most (across "
@@ -251,6 +256,9 @@ class JudgeSpec(Strict):
         if self.device != "cpu" and self.backend != "reward_model":
             raise ValueError(f"device={self.device!r} applies to reward_model judges only (backend "
                              f"{self.backend!r} runs where its endpoint or model is); remove it")
+        if self.verdict != "text" and self.backend == "reward_model":
+            raise ValueError(f"verdict={self.verdict!r} reads a prompted judge's tokens; a reward_model judge "
+                             "scores without a prompt: remove verdict")
         return self
 
 

@@ -13,7 +13,12 @@ the model cache), prompted as an endpoint would be. These commands need no torch
 option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
 `--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
 the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
-for them again. The report is strict JSON (no NaN or Infinity), written atomically.
+for them again. The report is strict JSON (no NaN or Infinity), written atomically; it leads with the
+judge's accuracy against gold, its CI, and says so when the judge is at chance.
+
+`--verdict logprobs` asks for one token, A or B, and reads P(A better) from its probabilities
+(judges.model.verdict): for small judges. A reply without logprobs is one line (exit 2) after the
+first pair; so is a label a local model's tokenizer splits, before any call.
 """
 
 from __future__ import annotations
@@ -123,6 +128,11 @@ def check_options(args) -> None:
     _check_numbers(args)
     for text in args.sim_bias:  # named biases: an unknown one is its line here, not a TypeError later
         _bias(text)
+    verdict = getattr(args, "verdict", "text")
+    if verdict == "logprobs" and args.no_logprobs:
+        raise UsageError("--verdict logprobs reads the verdict from logprobs, which --no-logprobs turns off; drop one")
+    if verdict == "logprobs" and args.reward_model:
+        raise UsageError("--verdict logprobs: a reward model scores without a prompt or tokens to read; drop --verdict")
     if args.base_url and not args.simulated:
         from marl.scenario.checks import url_problem
 
@@ -161,7 +171,7 @@ def build_judge(args, items):
     if args.reward_model:
         return _reward_model_judge(args.reward_model)
     if getattr(args, "local_model", None):
-        return PairwiseJudge(_local_backend(args), logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+        return pairwise_judge(_local_backend(args), args)
     if args.simulated:
         from judges.model.simulated import SimulatedClient
 
@@ -175,7 +185,19 @@ def build_judge(args, items):
     backend = OpenAIBackend(client, model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                             max_concurrency=args.concurrency, timeout_s=args.timeout, max_retries=args.retries,
                             cache=_open_cache(args.cache))
-    return PairwiseJudge(Progress(backend), logprobs=not args.no_logprobs, max_tokens=args.max_tokens)
+    return pairwise_judge(Progress(backend), args)
+
+
+def pairwise_judge(backend, args):
+    """The both-orders pairwise judge over `backend` in the --verdict mode; UsageError (one line) when its
+    labels cannot be read (a label a local model's tokenizer splits into several tokens)."""
+    from judges.model.judges import PairwiseJudge
+
+    verdict = getattr(args, "verdict", "text")
+    try:
+        return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens, verdict=verdict)
+    except ValueError as error:
+        raise UsageError(f"--verdict {verdict}: {error}") from None
 
 
 class Progress:
@@ -274,8 +296,14 @@ def _preflight(judge, item) -> None:
         return  # a reward model: loaded and checked already, no endpoint to reach
     from judges.types import Candidate, Item
 
+    from judges.model.verdict import NO_LOGPROBS
+
     second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
     pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
+    if pair.rationale == NO_LOGPROBS:  # the first reply says so: one line, before the other calls
+        raise UsageError(f"--verdict logprobs: model {judge.backend.identity} answered without logprobs, and this "
+                         "verdict reads them; use --verdict text, or an endpoint that returns logprobs (vLLM, "
+                         "SGLang, OpenAI, marl serve)")
     answered = pair.rationale.startswith(("invalid response:", "response too large:"))  # reachable: one bad answer
     if pair.p_a is None and pair.status in ("api_error", "timeout") and not answered:
         raise UsageError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
@@ -434,6 +462,10 @@ def add_parser(commands) -> None:
         parser.add_argument("--retries", type=int, default=4)
         parser.add_argument("--max-tokens", type=int, default=512)
         parser.add_argument("--no-logprobs", action="store_true", help="for endpoints that reject logprobs")
+        parser.add_argument("--verdict", choices=("text", "logprobs"), default="text",
+                            help="text: the MT-Bench prompt, an explanation then [[A]] or [[B]] (strong judges); "
+                                 "logprobs: one token, A or B, P(A better) read from its probabilities, a failed "
+                                 "judgment when A and B hold under half of them (small judges)")
         parser.add_argument("--simulated", action="store_true", help="use the built-in simulated judge")
         parser.add_argument("--sim-bias", action="append", default=[], metavar="NAME=VALUE",
                             help=f"simulated judge bias, one of {', '.join(SIM_BIASES)}; e.g. position=0.6 or "

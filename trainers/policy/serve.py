@@ -1,7 +1,8 @@
 """A local transformers model behind an OpenAI-compatible API (the library of `marl serve`, trainers/cli/serve.py).
 
     GET  /v1/models             -> the one served model
-    POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs}
+    POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs,
+                                    logit_bias}
 
 Any OpenAI client (and marl's judges) can then use the model as a judge or as a frozen opponent:
 `OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is rendered by
@@ -11,12 +12,16 @@ models have no template). To ask a trained agent what it was trained on, send it
 message and its observation as the user message (a plain-text model: the observation alone).
 Generation stops at any of the model's end tokens (generation_config eos list, end of turn); the
 answer never contains them. temperature 0 means greedy. With `logprobs`, every generated token comes with
-its logprob and `top_logprobs` alternatives, from the distribution it was drawn from.
+its logprob and `top_logprobs` (at most 20) alternatives, from the distribution it was drawn from, after
+`logit_bias` ({"token id": bias in [-100, 100]}, OpenAI's form): so `max_tokens: 1` with `top_logprobs: 20`
+is a judge's logprobs verdict (judges.model.verdict).
 
 The model engine is `judges.model.local_backend.LocalModel` (also usable as a judge backend without HTTP).
-Requests are served one at a time (one model, one CPU thread); the server binds 127.0.0.1 unless
-told otherwise. Errors are OpenAI-shaped: 400 for a bad request, 404 for an unknown model, 500 when
-the model produced logprobs that are not numbers (bodies are strict JSON: never NaN or Infinity).
+Concurrent requests are batched: those that arrive while the model is busy wait, and the next turn runs
+them all in one left-padded `generate` call (the server's `local_model.queued()` counts the waiting
+ones). The server binds 127.0.0.1 unless told otherwise. Errors are OpenAI-shaped: 400 for a bad
+request, 404 for an unknown model, 500 when the model produced logprobs that are not numbers (bodies
+are strict JSON: never NaN or Infinity).
 
 The address is checked before anything is loaded: a port outside 0-65535 is one line and exit 2, and
 the socket is bound before the model is read, so a port in use fails at once, not after loading.
@@ -115,6 +120,7 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     """
     holder: dict = {}
     httpd = _Server((host, check_port(port)), _handler(holder))
+    httpd.local_model = None  # the LocalModel, once loaded (its batch queue, for whoever embeds the server)
     try:
         holder["model"] = LocalModel(model_dir, name)
     except FileNotFoundError:
@@ -127,6 +133,7 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     except BaseException:
         httpd.server_close()
         raise
+    httpd.local_model = holder["model"]
     return httpd
 
 
