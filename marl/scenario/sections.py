@@ -72,6 +72,8 @@ class WarmupSpec(Strict):
                                    "a learner's agents, sampled among expert teammates (or against the expert), "
                                    "succeeds this often (0: the format alone decides)")
     sft_time_budget_s: float = Field(300.0, gt=0, description="most seconds of warm-up SFT per learner")
+    probe_tasks: int = Field(64, ge=1, description="training tasks the compliance and accuracy probes play "
+                             "(before SFT and every few SFT steps, once per agent); fewer for a large model on a CPU")
     rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
     rl_lr_scale: float = Field(0.1, gt=0, le=1)
     samples_shown: int = Field(4, ge=0)

@@ -201,7 +201,7 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     acting (trainers/policy/prompts.py: the chat template with the agent's role, or the plain
     observation), and the expert's message is followed by the token the model stops at.
     """
-    probe, agents_of = tasks[:64], _agents_of(trainer, scenario)
+    probe, agents_of = tasks[:settings.probe_tasks], _agents_of(trainer, scenario)
     plans = {name: learner_settings(scenario, name, trainer.actors[name].model, settings) for name in trainer.learners}
     before, start = learner_compliance(trainer.player, probe, agents_of)
     accuracy = _learner_accuracy(trainer.player, probe, agents_of, settings)
