@@ -266,3 +266,17 @@ def test_a_reward_model_judge_runs_where_its_device_says(trained, tmp_path):
                              'rewards:\n  outcome:\n    - kind: j\n')
     line = one_error_line(marl_in_process("validate", str(scenario_file)))
     assert line.startswith(f"{scenario_file}:8:") and "applies to reward_model judges only" in line
+
+
+def test_zero_epochs_is_the_untrained_baseline_in_one_line(tmp_path, real_model_dirs):
+    pairs, out = write_pairs(tmp_path / "pairs.jsonl", many_pairs(20)), tmp_path / "rm0"
+    result = marl_in_process("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]), "--out", str(out),
+                             "--epochs", "0", "--eval-fraction", "0.2", "--tracker", "none")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith(f"wrote {out}: untrained (0 epochs: the base with its seeded "
+                                                     "head); held-out accuracy ")
+    record = json.loads((out / "marl_reward_model.json").read_text())
+    assert record["steps"] == 0 and record["settings"]["epochs"] == 0
+    line = one_error_line(marl_in_process("rm", "train", "--pairs", pairs, "--base", str(real_model_dirs["qwen2"]),
+                                          "--out", str(tmp_path / "neg"), "--epochs", "-1"))
+    assert "--epochs -1: expected 0 or more" in line

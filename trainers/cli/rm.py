@@ -2,10 +2,13 @@
 
     marl rm train --pairs pairs.jsonl --base MODEL_DIR --out runs/rm
     marl rm train --pairs pairs.jsonl --base MODEL_DIR --out runs/rm --epochs 2 --lora-r 8
+    marl rm train --pairs pairs.jsonl --base MODEL_DIR --out runs/rm0 --epochs 0    # the untrained baseline
 
 PAIRS is JSONL, one {"prompt", "chosen", "rejected"} object per line. A seeded share of the pairs is
 held out (--eval-fraction) and its pairwise accuracy printed after every epoch; metrics go to a W&B
 run inside the output directory (offline unless WANDB_MODE says otherwise; --tracker jsonl or none).
+--epochs 0 trains nothing: it saves the base with its seeded random head, the untrained baseline to
+probe and report like a trained one.
 The directory is written only when training has finished (atomically); use it as a scenario judge
 (`backend: reward_model`, `model: runs/rm`) or probe it with `marl judges report --reward-model runs/rm`.
 A bad line, a pair whose chosen equals rejected, a base that does not load or an --out in the way is
@@ -29,7 +32,8 @@ def add_parser(commands) -> None:
     train.add_argument("--base", required=True, metavar="MODEL_DIR", help="a Hugging Face causal LM directory, a .gguf file or "
                                                                          "smollm2-135m-instruct (converted once)")
     train.add_argument("--out", required=True, metavar="RM_DIR", help="where the reward model goes")
-    train.add_argument("--epochs", type=int, default=1)
+    train.add_argument("--epochs", type=int, default=1, help="passes over the training pairs (default 1); 0: no "
+                                                             "training, the base with its seeded untrained head")
     train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, linear decay to 0 (default 1e-4)")
     train.add_argument("--batch-size", type=int, default=8, help="pairs per step (default 8)")
     train.add_argument("--max-length", type=int, help="tokens per rendered answer; longer pairs are left out "
@@ -72,5 +76,10 @@ def run(args) -> int:
     before = summary.get("held_out_before") or {}
     figures = (f"held-out accuracy {before.get('accuracy', float('nan')):.3f} -> {held['accuracy']:.3f} on "
                f"{held['pairs']} pairs" if held else "no held-out pairs")
+    if not summary["steps"]:
+        before_only = (f"held-out accuracy {before['accuracy']:.3f} on {before['pairs']} pairs" if before
+                       else "no held-out pairs")
+        print(f"wrote {args.out}: untrained (0 epochs: the base with its seeded head); {before_only}")
+        return 0
     print(f"wrote {args.out}: {figures}; {summary['seconds_per_epoch']:.1f} s/epoch")
     return 0

@@ -14,6 +14,8 @@ with), and the loss is the Bradley-Terry negative log-likelihood
 fused AdamW with a linear decay to 0 and gradients clipped at norm 1, TRL's defaults. A seeded share of the pairs is held out;
 its pairwise accuracy (ties count half) and loss are reported after every epoch. Pairs whose
 rendering is longer than `max_length` tokens are left out and counted (as TRL filters them).
+`epochs=0` trains nothing and saves the base with its seeded, untrained head (and its reward centre):
+the baseline a trained reward model is compared with, through the same judge and report.
 
 The output directory is written atomically: everything (the W&B run included) goes to a temporary
 sibling that is renamed into place when training has finished, so a failed or interrupted run leaves
@@ -213,7 +215,7 @@ def _optimizer(model, config: RewardTrainConfig, total_steps: int):
 
 def check_config(config: RewardTrainConfig) -> None:
     """PairsError (one line) for a setting out of range or an --out in the way, before anything is loaded."""
-    checks = [("--epochs", config.epochs, 1), ("--batch-size", config.batch_size, 1), ("--log-every", config.log_every, 1),
+    checks = [("--epochs", config.epochs, 0), ("--batch-size", config.batch_size, 1), ("--log-every", config.log_every, 1),
               ("--threads", config.threads, 1), ("--lora-r", config.lora_r, 0)]
     for flag, value, low in checks:
         if value < low:
@@ -295,8 +297,10 @@ def _train_into(tmp: Path, model, tokenizer, train_set, held_out, config: Reward
             log(f"epoch {epoch}/{config.epochs}: {seconds[-1]:.1f}s"
                 + (f", held-out accuracy {result['accuracy']:.3f} on {result['pairs']} pairs (loss {result['loss']:.3f})"
                    if result else ", no held-out pairs"))
-        summary = {"held_out_before": before, "held_out": epochs[-1] if held_out else {}, "epochs": epochs,
-                   "seconds_per_epoch": sum(seconds) / len(seconds), "steps": state["step"], "max_length": max_length,
+        last = epochs[-1] if epochs else {"epoch": 0, "seconds": 0.0, **before}  # 0 epochs: the untrained baseline
+        summary = {"held_out_before": before, "held_out": last if held_out else {}, "epochs": epochs,
+                   "seconds_per_epoch": sum(seconds) / len(seconds) if seconds else None, "steps": state["step"],
+                   "max_length": max_length,
                    "reward_center": reward_center(model, train_set, pad_id, config.batch_size, config.seed)}
         tracker.summary({k: v for k, v in summary.items() if k != "epochs"})
     return summary

@@ -187,3 +187,15 @@ def test_a_reward_model_whose_weights_are_gone_or_broken_is_one_clear_error(leng
         RewardModelJudge.load(broken)
     (broken / "model.safetensors").unlink()
     assert "no weight file" in reward_model_problem(broken)
+
+
+def test_zero_epochs_saves_the_untrained_baseline_reproducibly(tmp_path, real_model_dirs):
+    """`--epochs 0`: no step, the base with its seeded head, a judge like any other (the report's baseline)."""
+    rows = length_pairs(40, seed=4)
+    first, summary = train(tmp_path, real_model_dirs["qwen2"], rows, name="zero", epochs=0, eval_fraction=0.25)
+    assert summary["steps"] == 0 and summary["epochs"] == [] and summary["seconds_per_epoch"] is None
+    assert summary["held_out"]["accuracy"] == summary["held_out_before"]["accuracy"]
+    second, _ = train(tmp_path, real_model_dirs["qwen2"], rows, name="again", epochs=0, eval_fraction=0.25)
+    item, answers = Item(prompt="Task: 2+2="), [Candidate("ANSWER: 4."), Candidate("ANSWER: 5. Checked.")]
+    rewards = [[j.details["reward"] for j in RewardModelJudge.load(d).score(item, answers)] for d in (first, second)]
+    assert rewards[0] == rewards[1]  # the same seed, the same untrained head
