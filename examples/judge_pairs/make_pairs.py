@@ -26,7 +26,8 @@ The pairs are split per kind, seeded, half and half: train.jsonl (200 lines of {
 {"id", "kind", "prompt", "candidates", "gold", "length", "format", "answers"}: `marl judges report
 --items`), with the correct answer first in exactly half of the held-out items. `answers` holds the
 bare answer inside each rendered one (chosen then rejected; per candidate), for checking; the
-commands read only their own keys. No prompt, and no fact, is in both halves. `length` says which candidate has the long style ("correct", "wrong", or "same style": both
+commands read only their own keys. No question is in both halves, nor twice in one, in any wording
+(`question_key`: a code question is its snippet, another its statement). `length` says which candidate has the long style ("correct", "wrong", or "same style": both
 short or both long), `format` which one is markdown ("correct", "wrong", "both", "neither").
 """
 
@@ -352,8 +353,15 @@ def balanced_styles(count: int, rng: random.Random) -> list[tuple[tuple[str, str
     return rows
 
 
+def question_key(kind: str, prompt: str, statement: str) -> str:
+    """What a question asks, whatever its wording: the snippet of a code question, else the statement
+    ("47 + 38 = {}", "5 kilometres is {} metres"); two prompts with one key are the same question."""
+    return prompt.split("\n\n", 1)[1] if kind == "code" else statement
+
+
 def questions(seed: int) -> dict[str, list[tuple[str, str, str, str]]]:
-    """Distinct (prompt, statement, correct, wrong) per kind, COUNTS of each."""
+    """Distinct questions (prompt, statement, correct, wrong) per kind, COUNTS of each: no two ask the same
+    thing in other words (question_key)."""
     rng = random.Random(seed)
     made: dict[str, list] = {}
     seen: set[str] = set()
@@ -365,8 +373,9 @@ def questions(seed: int) -> dict[str, list[tuple[str, str, str, str]]]:
             rows = []
             while len(rows) < count:
                 row = make(rng)
-                if row[0] not in seen and row[2] != row[3]:
-                    seen.add(row[0])
+                key = question_key(kind, row[0], row[1])
+                if key not in seen and row[2] != row[3]:
+                    seen.add(key)
                     rows.append(row)
         made[kind] = rows
     return made
@@ -406,6 +415,30 @@ def make_pairs(seed: int = 0) -> tuple[list[dict], list[dict]]:
                             "length": longer, "format": formatted,
                             "answers": [right, wrong] if gold == 0 else [wrong, right]})
     return train, heldout
+
+
+def extra_train_pairs(count: int, seed: int = 0) -> list[dict]:
+    """`count` more training pairs (arithmetic, units and code in turn; the fact table is used up by
+    make_pairs), none asking a question of make_pairs(seed) (question_key), styles balanced as there: for asking whether
+    more data than the 200 training pairs gives a judge signal on the same held-out items."""
+    seen = {question_key(kind, *row[:2]) for kind, rows in questions(seed).items() for row in rows}
+    rng = random.Random(f"extra-{seed}")
+    makers = (arithmetic, units, code)
+    rows, kinds = [], ("arithmetic", "units", "code")
+    while len(rows) < count:
+        kind = kinds[len(rows) % 3]
+        prompt, statement, right, wrong = makers[len(rows) % 3](rng)
+        key = question_key(kind, prompt, statement)
+        if key not in seen and right != wrong:
+            seen.add(key)
+            rows.append((kind, prompt, statement, right, wrong))
+    out = []
+    for number_, ((kind, prompt, statement, right, wrong), (style_c, style_w)) in enumerate(
+            zip(rows, balanced_styles(count, rng))):
+        out.append({"id": f"extra-{number_:04d}", "kind": kind, "prompt": prompt,
+                    "chosen": render(kind, statement, right, *style_c, rng),
+                    "rejected": render(kind, statement, wrong, *style_w, rng), "answers": [right, wrong]})
+    return out
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -54,20 +54,29 @@ def test_sizes_positions_and_styles_are_balanced(pairs):
     assert 80 <= longer <= 120  # in characters too, the correct answer is the longer one about half the time
 
 
-def test_train_and_held_out_share_no_prompt(pairs):
+def test_no_question_is_asked_twice_in_any_wording(maker, pairs):
+    """Train and held-out share no question, nor does one hold a question twice: a code question is its
+    snippet, whatever the sentence before it; an arithmetic one its numbers and result; a unit one its amount
+    and units (the parsers below, not the generator's own key)."""
     train, heldout = pairs
-    prompts = [row["prompt"] for row in train] + [item["prompt"] for item in heldout]
-    assert len(set(prompts)) == len(prompts) == 400
+    rows = [(r["kind"], r["prompt"]) for r in train + heldout]
+    keys = [_question(kind, prompt) for kind, prompt in rows]
+    assert len(set(keys)) == len(keys) == 400
+    extra = maker.extra_train_pairs(60)
+    extra_keys = [_question(r["kind"], r["prompt"]) for r in extra]
+    assert len(set(extra_keys)) == 60 and not set(extra_keys) & set(keys)
 
 
-def test_each_rendered_answer_holds_its_bare_answer_and_the_sides_differ(pairs):
-    train, heldout = pairs
-    for row in train:
-        right, wrong = row["answers"]
-        assert right != wrong and right in row["chosen"] and wrong in row["rejected"]
-    for item in heldout:
-        assert item["answers"][0] != item["answers"][1]
-        assert all(answer in text for answer, text in zip(item["answers"], item["candidates"]))
+def _question(kind: str, prompt: str):
+    if kind == "code":
+        return kind, prompt.split("```python\n", 1)[1]
+    if kind == "arithmetic":  # a word problem names its things too: 9 packs of 19 pencils are not 19 crates of 9 apples
+        things = re.findall(r"[a-z]+", prompt) if prompt.startswith("If each") else ()
+        return kind, _arithmetic(prompt), tuple(sorted(re.findall(r"\d+", prompt))), tuple(things)
+    if kind == "units":
+        names = {name for pair in FACTORS for name in pair}
+        return kind, _units(prompt), tuple(re.findall(r"[\d.]+", prompt)), frozenset(set(prompt[:-1].split()) & names)
+    return kind, prompt
 
 
 def _gold_rows(pairs):
