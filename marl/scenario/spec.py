@@ -323,7 +323,9 @@ class GRPOKnobs(Strict):
     threads: int = Field(1, ge=1, description="torch intra-op threads (1 is usually fastest on a small shared CPU)")
     device: Literal[DEVICES] = Field("auto", description="auto (cuda, else mps, else cpu), cpu, cuda or mps: "
                                                          "where the models and every tensor live")
-    dtype: Literal[DTYPES] = Field("auto", description="auto (bfloat16 on a GPU that has it, else float32), float32, "
+    dtype: Literal[DTYPES] = Field("auto", description="auto (bfloat16 on a GPU that has it; float32 weights under "
+                                                       "bfloat16 autocast on a CPU with avx512_bf16 or amx_bf16, for "
+                                                       "models of 20M+ parameters; else float32), float32, "
                                                        "bfloat16 or float16: the weights' dtype (logprobs and loss "
                                                        "are float32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
