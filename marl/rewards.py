@@ -101,6 +101,18 @@ class EpisodeScorer:
         return RewardBreakdown(total=total, layers=layer_scores, components=components, penalties=penalties,
                                blend=blended)
 
+    def format_score(self, item: Item, transcript: list[dict], tool_calls: list[ToolCallRecord],
+                     agent: str) -> float | None:
+        """The format layer alone for `agent`'s own answer (how well formed it is, whoever answers for the
+        team): the weighted mean of the format scorers that decided; None without format scorers or when
+        none decided."""
+        weighted = []
+        for index, scorer_spec in enumerate(self.rewards.format):
+            judgment = self._judge("format", index, scorer_spec, item, transcript, tool_calls, agent)
+            if judgment.ok:
+                weighted.append((scorer_spec.weight, judgment.score))
+        return _weighted_mean(weighted) if weighted else None
+
     def _blended_outcome(self, item: Item, judgments: dict[str, Judgment]) -> tuple[float | None, dict]:
         """The outcome of `rewards.blend`: the rule applies to tasks with an answer; a failure masks."""
         from marl.blend import blend_group, judgment_variance

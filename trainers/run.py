@@ -295,7 +295,8 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
             raise RunError(all_masked_line(before, "before training"))
         write_text_atomically(out / "before.json", json.dumps(before))
     if before and "team_success" in before:
-        log(f"held-out team success before: {before['team_success']:.3f} ({len(eval_tasks)} tasks, temperature 0)")
+        log(f"held-out team success before: {before['team_success']:.3f}{_formed(before)} ({len(eval_tasks)} tasks, "
+            "temperature 0)")
     kept = continual.start(out, trainer, log)  # --init-from: the old held-out set before (None otherwise)
     if resumed is None and "warmup" in train.stages:
         report = sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)
@@ -326,7 +327,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     report = _write_report(out, spec, before, after, trainer, budget_section)
     if after and "team_success" in after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
-            f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f})")
+            f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f}){_formed(after)}")
     log(f"report: {report}")
     return summary
 
@@ -394,6 +395,11 @@ def _weak_start(signals: list[float], group_size: int, log) -> dict:
         "partial credit (a process or format reward layer), raise train.group_size or train.temperature, or use "
         "a stronger train.model")
     return {"guard/weak_start": 1.0}
+
+
+def _formed(figures: dict) -> str:
+    """`; well formed 0.95` when the scenario scores the format (evaluate_team's well_formed), else ''."""
+    return f"; well formed {figures['well_formed']:.3f}" if "well_formed" in figures else ""
 
 
 def _evaluation_due(trainer, eval_tasks, log) -> dict:

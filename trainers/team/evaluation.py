@@ -1,8 +1,9 @@
 """Held-out evaluation of a team on a scenario: the fixed evaluation tasks at temperature 0.
 
 `evaluate_team(player, tasks)` plays every task once, greedily, all episodes in lockstep, and
-returns the team figures (team success, mean reward, mean reward per agent); `marl run` uses it for
-its before/after numbers.
+returns the team figures (team success, mean reward, mean reward per agent, and with format scorers
+`well_formed/<agent>`: the format layer of each agent's own answers, apart from success); `marl run`
+uses it for its before/after numbers.
 
 `evaluate_scenario(player, tasks)` is what `marl eval` reports (trainers/cli/eval.py). Every
 episode, credit replays included, is decoded greedily. Masked episodes (a judge failed) are left out
@@ -67,11 +68,33 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0, opponent_actors: 
                "episodes": float(len(episodes))}
     for agent in player.scenario.agent_names:
         figures[f"agent/{agent}/reward"] = nanmean(e.rewards.get(agent, math.nan) for e in episodes)
+    figures.update(well_formed(player, episodes))
     if mode != "cooperative":
         figures.update(against_opponents(player, tasks, seed=seed, actors=opponent_actors))
     if player.scenario.spec.evaluation:
         figures.update(scenario_figures(player))
     return {key: value for key, value in figures.items() if not math.isnan(value)}
+
+
+def well_formed(player, episodes) -> dict[str, float]:
+    """`well_formed/<agent>`: the mean format-layer score of each agent's own last message, where it spoke
+    (apart from whether the team succeeded: learning the format alone is not learning the task), and
+    `well_formed` over every agent's messages. Empty without format scorers (rewards.format)."""
+    from judges.types import Item
+
+    if not player.scenario.spec.rewards.format:
+        return {}
+    scores: dict[str, list[float]] = {agent: [] for agent in player.scenario.agent_names}
+    for episode in episodes:
+        task = episode.task or episode.job.task
+        item = Item(prompt=task.prompt, answer=task.answer, metadata=dict(task.metadata))
+        for agent in {turn["agent"] for turn in episode.transcript} & scores.keys():
+            score = player.scorer.format_score(item, episode.transcript, episode.tool_log, agent)
+            if score is not None:
+                scores[agent].append(score)
+    figures = {f"well_formed/{agent}": statistics.fmean(values) for agent, values in scores.items() if values}
+    every = [value for values in scores.values() for value in values]
+    return {**figures, "well_formed": statistics.fmean(every)} if every else {}
 
 
 def learned_policy(player):

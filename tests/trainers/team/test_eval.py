@@ -181,7 +181,9 @@ def test_evaluate_team_is_unchanged_by_the_richer_evaluation():
     player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=4"])
     assert evaluate_team(player, tasks) == {"team_success": 1.0, "team_reward": 1.0, "masked_episodes": 0.0,
                                             "episodes": 4.0, "agent/left/reward": 1.0,
-                                            "agent/right/reward": 1.0, "agent/final/reward": 1.0}
+                                            "agent/right/reward": 1.0, "agent/final/reward": 1.0,
+                                            "well_formed/left": 1.0, "well_formed/right": 1.0,
+                                            "well_formed/final": 1.0, "well_formed": 1.0}
 
 
 def test_reports_are_json_and_a_markdown_table(tmp_path):
