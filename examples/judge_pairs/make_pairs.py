@@ -266,7 +266,7 @@ WORDS = ("python", "banana", "judge", "signal", "marble", "kettle", "orange", "r
 
 
 def code(rng: random.Random) -> tuple[str, str, str, str]:
-    """(prompt, statement, what it prints, a typical wrong reading); the wrong one is checked to differ."""
+    """(prompt, statement, what it prints, a typical wrong reading); the callers drop a row whose two agree."""
     kind = rng.choice(("len", "index", "slice", "sum_range", "floordiv", "truediv", "power", "last", "sorted",
                        "upper", "range", "join", "round", "concat", "star_range", "count"))
     word = rng.choice(WORDS)
@@ -320,8 +320,8 @@ def code(rng: random.Random) -> tuple[str, str, str, str]:
     else:
         letter = rng.choice(sorted(set(word)))
         snippet, wrong = f'print("{word}".count("{letter}"))', str(word.count(letter) + 1)
-    output = run_snippet(snippet)
-    assert output != wrong, (snippet, output, wrong)
+    output = run_snippet(snippet)  # a slip that happens to print the same ("kettle"[3] read as [2]) is
+    # dropped by the callers, which keep only rows whose two answers differ
     prompt = rng.choice(("What does this Python code print?", "What is the output of this Python snippet?",
                          "What will this print in Python 3?"))
     return f"{prompt}\n\n```python\n{snippet}\n```", "It prints {}", output, wrong

@@ -122,22 +122,24 @@ def _units(prompt: str) -> Fraction:
     return Fraction(amount) * FACTORS[source, target]
 
 
-def test_arithmetic_and_unit_answers_are_right(pairs):
+def test_arithmetic_and_unit_answers_are_right(maker, pairs):
     checked = Counter()
-    for kind, prompt, right, wrong in _gold_rows(pairs):
+    extra = [(r["kind"], r["prompt"], *r["answers"]) for r in maker.extra_train_pairs(150)]
+    for kind, prompt, right, wrong in _gold_rows(pairs) + extra:
         if kind == "arithmetic":
             assert int(right) == _arithmetic(prompt) != int(wrong), prompt
         elif kind == "units":
             assert Fraction(right) == _units(prompt) != Fraction(wrong), prompt
         checked[kind] += 1
-    assert checked["arithmetic"] == 110 and checked["units"] == 104
+    assert checked["arithmetic"] == 110 + 50 and checked["units"] == 104 + 50
 
 
-def test_code_answers_are_what_python_prints(pairs):
+def test_code_answers_are_what_python_prints(maker, pairs):
     import contextlib
     import io
 
-    for kind, prompt, right, wrong in _gold_rows(pairs):
+    extra = [(r["kind"], r["prompt"], *r["answers"]) for r in maker.extra_train_pairs(150)]
+    for kind, prompt, right, wrong in _gold_rows(pairs) + extra:
         if kind != "code":
             continue
         snippet = re.search(r"```python\n(.*)\n```", prompt, re.S)[1]
