@@ -1,5 +1,5 @@
-"""Real-model benches on SmolLM2-135M-Instruct: a small judge with signal, then its bias (`judge`); the team
-part (`team`) is a marked place another bench part fills.
+"""Real-model benches on SmolLM2-135M-Instruct: a small judge with signal, then its bias (`judge`); a team of
+real LLM agents that learns on a CPU (`team`).
 
 Run from a checkout:
     python bench/real_model.py --part judge      # the full judge part on the CPU (about an hour on one thread)
@@ -23,6 +23,15 @@ Every command is run in this process through marl's CLI entry (`trainers.cli.mai
 as the `marl ...` line that reproduces it. Training time is wall seconds and this process's CPU seconds
 (all threads) around `marl rm train`. The last line, `ratio: ...`, is the trained judge's held-out
 accuracy over the untrained baseline's (the anchor, measured in this run on the same items).
+
+Team part. `marl run shop` (scenarios/shop.yaml: a clerk reads a price list and says one price, a cashier
+multiplies it by the quantity; SmolLM2 with one LoRA adapter per role on one shared base, Shapley credit,
+warm-up SFT on the expert's demonstrations, then GRPO) for each of --team-seeds, and the same seed with the
+warm-up alone (`train.stages=[warmup]`, with its one low-lr RL check step), so that what RL adds is told apart from what SFT gives. Figures:
+held-out team success and each agent's well-formed rate (a bare number) at temperature 0 on the
+scenario's 200 held-out tasks, before and after; wall and CPU seconds of each run (CPU: this process, all
+threads). The last line's ratio is the CPU seconds of warm-up + RL over the warm-up alone (the success comparison
+is printed on the line before it: the anchor's success may be 0).
 
 `--quick` runs the same steps on the benches' tiny random Qwen2 model (bench/support/real_model.py) with
 24 + 24 pairs, one epoch and 8 probes per kind: it checks the plumbing, its figures mean nothing.
@@ -231,6 +240,18 @@ def report_row(report: dict, section: str, name: str):
     return value if isinstance(value, dict) else None
 
 
+def reusable(directory: Path, args, epochs: int) -> bool:
+    """A reward model --reuse may keep: written by `marl rm train` with these settings (the pairs file is
+    checked by the caller, byte for byte)."""
+    try:
+        settings = json.loads((directory / "marl_reward_model.json").read_text())["settings"]
+    except (OSError, ValueError, KeyError):
+        return False
+    wanted = {"epochs": epochs, "lr": args.lr, "lora_r": args.lora_r, "batch_size": args.batch_size, "seed": args.seed,
+              "eval_fraction": 0.0}
+    return all(settings.get(key) == value for key, value in wanted.items())
+
+
 # -- the judge part --------------------------------------------------------------------------------------------
 def judge_part(args, work: Path) -> dict:
     """Train, probe and calibrate the judge (see the module doc); print its table; return its figures."""
@@ -256,7 +277,9 @@ def judge_part(args, work: Path) -> dict:
         base, base_name = str(build_model_dir("tiny", cache / "qwen2-tiny")), "the benches' tiny random Qwen2"
     else:
         base, base_name = SMOLLM2, "SmolLM2-135M-Instruct (packaged GGUF, converted once)"
+    earlier = (work / "train.jsonl").read_bytes() if (work / "train.jsonl").is_file() else None
     train_file = write_jsonl(work / "train.jsonl", [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in train_rows])
+    same_pairs = earlier == train_file.read_bytes()
     items_file = write_jsonl(work / "heldout.jsonl", heldout)
     golds = [item["gold"] for item in heldout]
     print(f"judge part: base {base_name}; pairs {PAIRS_SCRIPT.relative_to(ROOT)} seed {args.pair_seed}: "
@@ -269,13 +292,20 @@ def judge_part(args, work: Path) -> dict:
               "--seed", str(args.seed), "--threads", str(args.threads), "--tracker", "none", "--lora-r", str(args.lora_r),
               "--lr", f"{args.lr:g}", "--overwrite"]
     trained_dir, untrained_dir = work / "rm-trained", work / "rm-untrained"
-    cpu_before, wall_before = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    marl(["rm", "train", *common, "--out", str(trained_dir), "--epochs", str(args.epochs), "--log-every", "5"])
-    wall = time.perf_counter() - wall_before
-    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    wall = cpu = None
+    if args.reuse and same_pairs and reusable(trained_dir, args, args.epochs):
+        print(f"reusing {trained_dir} (--reuse: trained earlier on these pairs with these settings)")
+    else:
+        cpu_before, wall_before = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        marl(["rm", "train", *common, "--out", str(trained_dir), "--epochs", str(args.epochs), "--log-every", "5"])
+        wall = time.perf_counter() - wall_before
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     record = json.loads((trained_dir / "marl_reward_model.json").read_text())
-    marl(["rm", "train", *common, "--out", str(untrained_dir), "--epochs", "0"])
+    if args.reuse and same_pairs and reusable(untrained_dir, args, 0):
+        print(f"reusing {untrained_dir}")
+    else:
+        marl(["rm", "train", *common, "--out", str(untrained_dir), "--epochs", "0"])
     torch.set_num_threads(args.threads)  # the judges below score in this process too
     reports = {}
     for name, directory in (("untrained", untrained_dir), ("trained", trained_dir)):
@@ -334,19 +364,89 @@ def judge_part(args, work: Path) -> dict:
         print(f"  {name:<11} ECE {part['ece']:.3f}  Brier {part['brier']:.3f}  accuracy at 0.5 "
               f"{show(part['accuracy_at_half'])} (n={part['accuracy_at_half']['n']} answers)")
     held = record.get("held_out") or {}
-    print(f"training (marl rm train, {record['steps']} steps): wall {wall:.1f} s, CPU {cpu:.1f} s (this process, all "
-          f"threads); {record['seconds_per_epoch']:.1f} s/epoch" + (f"; its own held-out {held}" if held else ""))
+    timed = (f"wall {wall:.1f} s, CPU {cpu:.1f} s (this process, all threads)" if wall is not None else
+             "reused, not timed in this run")
+    print(f"training (marl rm train, {record['steps']} steps): {timed}; {record['seconds_per_epoch']:.1f} s/epoch "
+          "(its record)" + (f"; its own held-out {held}" if held else ""))
     return {"figures": figures, "reports": reports, "calibration": calibration, "train_wall_s": wall,
             "train_cpu_s": cpu}
 
 
 # -- the team part ---------------------------------------------------------------------------------------------
-# TEAM PART: another engineer adds it here: team_part(args, work) runs its own steps, prints its settings,
-# seeds and table, and returns its figures; with --part team (or all, after the judge part) it ends the
-# output with its own "ratio: ..." line. Until then it says so and measures nothing.
-def team_part(args, work: Path) -> dict | None:
-    print("team part: not written yet (a placeholder in bench/real_model.py; nothing measured)")
-    return None
+TEAM_SCENARIO = "shop"
+QUICK_TEAM_SETS = ["train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.eval_tasks=6",
+                   "train.warmup.sft_max_steps=2", "train.warmup.sft_batch_size=2", "train.warmup.probe_tasks=2",
+                   "train.checkpoint_every=100"]
+
+
+def run_team(out: Path, seed: int, sets: list[str]) -> dict:
+    """`marl run shop` with `sets` in this process: its before/after figures, wall and CPU seconds."""
+    argv = ["run", TEAM_SCENARIO, "--set", f"train.seed={seed}", "--tracker", "none", "--out", str(out)]
+    for setting in sets:
+        argv += ["--set", setting]
+    cpu = time.process_time()
+    wall = marl(argv)
+    cpu = time.process_time() - cpu
+    before, after = (json.loads((out / f"{name}.json").read_text()) for name in ("before", "after"))
+    return {"before": before, "after": after, "wall_s": wall, "cpu_s": cpu}
+
+
+def team_part(args, work: Path) -> dict:
+    """Item 3 of the real-model bench: the shop team (SmolLM2, one LoRA adapter per role, Shapley credit)
+    trained with `marl run shop` per seed, and the same seed's warm-up alone (`train.stages=[warmup]`), so
+    what RL adds is told apart from what SFT on the expert's demonstrations gives; held-out figures at
+    temperature 0 on the scenario's 200 held-out tasks, team success and each agent's well-formed rate."""
+    work.mkdir(parents=True, exist_ok=True)
+    sets = list(QUICK_TEAM_SETS) if args.quick else []
+    if args.quick:
+        from support.real_model import build_model_dir
+
+        sets.append(f"train.model={build_model_dir('tiny', work / 'tiny-model')}")
+    sets += [f"train.threads={args.team_threads}"]
+    print(f"team part: marl run {TEAM_SCENARIO} (scenarios/{TEAM_SCENARIO}.yaml as committed), seeds "
+          f"{args.team_seeds}, settings {sets or 'none'}", flush=True)
+    rows = []
+    for seed in args.team_seeds:
+        full = run_team(work / f"s{seed}", seed, sets)
+        # the warm-up stage with one low-lr RL check step (train.warmup.rl_steps=1, lr x rl_lr_scale): a run
+        # needs at least one step, and the stage's own check is the nearest thing to the warm-up alone
+        warm = run_team(work / f"s{seed}-warmup", seed, [*sets, "train.stages=[warmup]", "train.warmup.rl_steps=1"])
+        rows.append({"seed": seed, "full": full, "warmup_only": warm})
+    print_team_table(rows)
+    return {"scenario": TEAM_SCENARIO, "settings": sets, "rows": rows}
+
+
+def _figure(figures: dict, key: str) -> str:
+    value = figures.get(key)
+    return "-" if value is None else f"{value:.3f}"
+
+
+def print_team_table(rows: list[dict]) -> None:
+    """One line per seed: team success and well-formed rate before, after the warm-up alone, after RL."""
+    print("| seed | success before | after warm-up | after warm-up + RL | well formed before | after warm-up | "
+          "after warm-up + RL | clerk / cashier well formed after | wall s (warm-up + RL) | CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        full, warm = row["full"], row["warmup_only"]
+        print(f"| {row['seed']} | {_figure(full['before'], 'team_success')} | {_figure(warm['after'], 'team_success')} "
+              f"| {_figure(full['after'], 'team_success')} | {_figure(full['before'], 'well_formed')} | "
+              f"{_figure(warm['after'], 'well_formed')} | {_figure(full['after'], 'well_formed')} | "
+              f"{_figure(full['after'], 'well_formed/clerk')} / {_figure(full['after'], 'well_formed/cashier')} | "
+              f"{full['wall_s']:.0f} | {full['cpu_s']:.0f} |")
+
+
+def team_ratio_line(team: dict) -> str:
+    """The success comparison, then `ratio:` the CPU seconds of warm-up + RL over the warm-up alone (the
+    anchor, same seeds, same run): what the RL steps cost on top of the warm-up. The success ratio is not
+    the ratio line because the anchor's success may be 0 (it is with --quick's random model)."""
+    rows = team["rows"]
+    after = sum(r["full"]["after"].get("team_success", 0.0) for r in rows) / len(rows)
+    anchor = sum(r["warmup_only"]["after"].get("team_success", 0.0) for r in rows) / len(rows)
+    cost = sum(r["full"]["cpu_s"] for r in rows) / sum(r["warmup_only"]["cpu_s"] for r in rows)
+    return (f"team success (mean over seeds): {after:.3f} after warm-up + RL, {anchor:.3f} after the warm-up alone "
+            f"(change {after - anchor:+.3f})\n"
+            f"ratio: {cost:.3f} (CPU seconds of warm-up + RL over the warm-up alone; anchor: the same seeds with "
+            "train.stages=[warmup] and one low-lr check step, measured in this run)")
 
 
 def parse_args(argv=None):
@@ -365,9 +465,15 @@ def parse_args(argv=None):
     parser.add_argument("--per-kind", type=int, default=100, help="bias probes per kind")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--keep", metavar="DIR", help="keep the models, reports and calibrator here")
+    parser.add_argument("--reuse", action="store_true", help="with --keep: reuse the reward models already there when "
+                                                             "they were trained on the same pairs with the same settings "
+                                                             "(their training is then not timed)")
+    parser.add_argument("--team-seeds", type=int, nargs="+", default=[0, 1], help="team part: training seeds "
+                                                                                  "(default 0 1)")
+    parser.add_argument("--team-threads", type=int, default=2, help="team part: train.threads (default 2)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.epochs, args.per_kind = 1, 8
+        args.epochs, args.per_kind, args.team_seeds = 1, 8, args.team_seeds[:1]
     return args
 
 
@@ -386,8 +492,10 @@ def main(argv=None) -> int:
             print(f"ratio: {trained / untrained:.3f} (trained judge's held-out accuracy {trained:.3f} over the "
                   f"untrained baseline's {untrained:.3f}; anchor: the same base and seeded head with no training "
                   "step, marl rm train --epochs 0, same held-out items, measured in this run)")
-        if args.part in ("team", "all"):  # its own ratio line, when it has one, comes last
-            team_part(args, work / "team")
+        if args.part in ("team", "all"):  # its own ratio line comes last
+            team = team_part(args, work / "team")
+            (work / "team" / "figures.json").write_text(json.dumps(team, indent=2, default=str) + "\n")
+            print(team_ratio_line(team))
     return 0
 
 
