@@ -101,17 +101,25 @@ class EpisodeScorer:
         return RewardBreakdown(total=total, layers=layer_scores, components=components, penalties=penalties,
                                blend=blended)
 
-    def format_score(self, item: Item, transcript: list[dict], tool_calls: list[ToolCallRecord],
-                     agent: str) -> float | None:
-        """The format layer alone for `agent`'s own answer (how well formed it is, whoever answers for the
-        team): the weighted mean of the format scorers that decided; None without format scorers or when
-        none decided."""
-        weighted = []
-        for index, scorer_spec in enumerate(self.rewards.format):
-            judgment = self._judge("format", index, scorer_spec, item, transcript, tool_calls, agent)
-            if judgment.ok:
-                weighted.append((scorer_spec.weight, judgment.score))
-        return _weighted_mean(weighted) if weighted else None
+    def own_format_scores(self, task: Task, transcript: list[dict], tool_calls: list[ToolCallRecord],
+                          agents: list[str]) -> dict[str, float]:
+        """agent -> the format layer alone for its own last message (how well formed it is, whoever answers
+        for the team), for each of `agents` that spoke and whose format scorers decided; {} without format
+        scorers. Only the format layer is scored: no outcome judge is asked for answers it never grades."""
+        if not self.rewards.format:
+            return {}
+        item = Item(prompt=task.prompt, answer=task.answer, metadata=dict(task.metadata))
+        spoke = {turn["agent"] for turn in transcript}
+        scores = {}
+        for agent in [agent for agent in agents if agent in spoke]:
+            weighted = []
+            for index, scorer_spec in enumerate(self.rewards.format):
+                judgment = self._judge("format", index, scorer_spec, item, transcript, tool_calls, agent)
+                if judgment.ok:
+                    weighted.append((scorer_spec.weight, judgment.score))
+            if weighted:
+                scores[agent] = _weighted_mean(weighted)
+        return scores
 
     def _blended_outcome(self, item: Item, judgments: dict[str, Judgment]) -> tuple[float | None, dict]:
         """The outcome of `rewards.blend`: the rule applies to tasks with an answer; a failure masks."""

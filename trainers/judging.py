@@ -38,11 +38,9 @@ def local_judge_dir(model: str, base_dir, cache_dir=None, log=print) -> Path:
     """The directory a local judge's `model` stands for: a GGUF source converted (once) into the model cache,
     a directory relative to `base_dir` (the scenario's folder, None: the working directory) as it is.
     GGUFError (trainers/policy/gguf.py) when the GGUF source cannot be used."""
-    from judges.model.gguf_source import PACKAGED_MODELS, is_gguf_source
+    from judges.model.gguf_source import is_gguf_source, local_model_path
 
-    path = model if model in PACKAGED_MODELS else Path(model).expanduser()
-    if isinstance(path, Path) and not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
+    path = local_model_path(model, base_dir)
     if not is_gguf_source(model):
         return path
     from trainers.policy.gguf import resolve_model_dir
@@ -96,10 +94,15 @@ def resolve_local_judges(scenario, cache_dir=None, log=print):
     return replace(scenario, spec=scenario.spec.model_copy(update={"judges": judges})) if changed else scenario
 
 
+def used_judge_names(spec) -> set[str]:
+    """The scorer kinds the scenario's reward layers use (a judge is used when its name is among them)."""
+    return {scorer.kind for layer in ("outcome", "process", "format", "penalties")
+            for scorer in getattr(spec.rewards, layer)}
+
+
 def endpoint_judges(spec) -> list:
     """The scenario's OpenAI-compatible judges that its rewards use, one per endpoint and model."""
-    used = {scorer.kind for layer in ("outcome", "process", "format", "penalties")
-            for scorer in getattr(spec.rewards, layer)}
+    used = used_judge_names(spec)
     seen, judges = set(), []
     for judge in spec.judges:
         key = (judge.model, judge.base_url)
@@ -174,8 +177,7 @@ def _probe_logprobs(scenario) -> None:
     from judges.model.factory import build_backend
     from judges.model.verdict import logprobs_problem
 
-    used = {scorer.kind for layer in ("outcome", "process", "format", "penalties")
-            for scorer in getattr(scenario.spec.rewards, layer)}
+    used = used_judge_names(scenario.spec)
     readers = [judge for judge in scenario.spec.judges
                if judge.backend == "openai" and judge.verdict == "logprobs" and judge.name in used]
     if not readers:

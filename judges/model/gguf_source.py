@@ -2,6 +2,7 @@
 
     is_gguf_source("smollm2-135m-instruct")   True: a packaged model's name, or any path ending in .gguf
     locate_gguf(name)                          the file, or GGUFError (one line naming the fix)
+    local_model_path(model, base_dir)          a local model setting as a path (relative to the scenario)
 
 The conversion itself (trainers/policy/gguf.py) needs torch; scenario validation (marl/scenario) and the
 trainers' checks share this torch-free part, so `marl validate` refuses a missing package or a file that
@@ -57,6 +58,15 @@ def locate_gguf(name: str | Path) -> Path:
         raise GGUFError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); pass a file "
                         "written by llama.cpp's convert_hf_to_gguf.py or gguf.GGUFWriter")
     return path
+
+
+def local_model_path(model: str, base_dir: str | Path | None = None) -> str | Path:
+    """Where a local model setting points: a packaged model's name as it is, else a path, relative to
+    `base_dir` (a scenario's folder; None: the working directory) unless absolute."""
+    if model in PACKAGED_MODELS:
+        return model
+    path = Path(model).expanduser()
+    return path if path.is_absolute() or base_dir is None else Path(base_dir) / path
 
 
 def gguf_source_problem(name: str | Path) -> str | None:

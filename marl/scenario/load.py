@@ -192,9 +192,9 @@ def _model_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
 
 def _local_judge_problem(model: str, base_dir: Path) -> str | None:
     """A local judge's model: a GGUF source that is found and is GGUF, or a directory with a config.json."""
-    from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source
+    from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source, local_model_path
 
-    path = model if model in PACKAGED_MODELS else base_dir / Path(model).expanduser()
+    path = local_model_path(model, base_dir)
     if is_gguf_source(model):
         return gguf_source_problem(path)
     if not (Path(path) / "config.json").is_file():

@@ -146,14 +146,8 @@ def _scored_answers(player, episode) -> list[tuple[str, float]]:
 
 def _own_messages(player, episode, agents: list[str]) -> list[float]:
     """The format layer of each of `agents`' last messages in an episode (those who spoke)."""
-    from judges.types import Item
-
     task = episode.task or episode.job.task
-    item = Item(prompt=task.prompt, answer=task.answer, metadata=dict(task.metadata))
-    spoke = [agent for agent in agents if any(turn["agent"] == agent for turn in episode.transcript)]
-    layers = [player.scorer.score_candidate(item, episode.transcript, episode.tool_log, agent).layers.get("format")
-              for agent in spoke]
-    return [layer for layer in layers if layer is not None]
+    return list(player.scorer.own_format_scores(task, episode.transcript, episode.tool_log, agents).values())
 
 
 def _mean(values: list[float]) -> float:

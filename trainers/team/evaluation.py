@@ -80,18 +80,13 @@ def well_formed(player, episodes) -> dict[str, float]:
     """`well_formed/<agent>`: the mean format-layer score of each agent's own last message, where it spoke
     (apart from whether the team succeeded: learning the format alone is not learning the task), and
     `well_formed` over every agent's messages. Empty without format scorers (rewards.format)."""
-    from judges.types import Item
-
-    if not player.scenario.spec.rewards.format:
-        return {}
-    scores: dict[str, list[float]] = {agent: [] for agent in player.scenario.agent_names}
+    agents = player.scenario.agent_names
+    scores: dict[str, list[float]] = {agent: [] for agent in agents}
     for episode in episodes:
-        task = episode.task or episode.job.task
-        item = Item(prompt=task.prompt, answer=task.answer, metadata=dict(task.metadata))
-        for agent in {turn["agent"] for turn in episode.transcript} & scores.keys():
-            score = player.scorer.format_score(item, episode.transcript, episode.tool_log, agent)
-            if score is not None:
-                scores[agent].append(score)
+        own = player.scorer.own_format_scores(episode.task or episode.job.task, episode.transcript,
+                                              episode.tool_log, agents)
+        for agent, score in own.items():
+            scores[agent].append(score)
     figures = {f"well_formed/{agent}": statistics.fmean(values) for agent, values in scores.items() if values}
     every = [value for values in scores.values() for value in values]
     return {**figures, "well_formed": statistics.fmean(every)} if every else {}
