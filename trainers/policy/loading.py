@@ -221,6 +221,15 @@ def autocast_choice(setting: str, device: str, parameters: int, flags: list[str]
     return torch.bfloat16, f"float32 weights under bfloat16 autocast: this CPU has {' and '.join(flags)}"
 
 
+def transformers_model(model):
+    """The transformers model inside `model`: itself, a peft model's base, or an AdapterPolicy's shared base
+    (whose own parameters() are its adapter's alone)."""
+    target = getattr(getattr(model, "owner", None), "peft", model)  # an AdapterPolicy: its peft model
+    if hasattr(target, "peft_config") and hasattr(target, "get_base_model"):  # peft calls the model's forward
+        target = target.get_base_model()
+    return target
+
+
 def enable_autocast(model, dtype: torch.dtype) -> None:
     """Run every forward of `model` (a transformers model, a peft model or an AdapterPolicy) under CPU
     autocast to `dtype`; backward follows the forward's dtypes.
@@ -228,9 +237,7 @@ def enable_autocast(model, dtype: torch.dtype) -> None:
     The innermost transformers model gets a subclass of its own class, of the same name, whose forward
     enters autocast: peft's wrappers, the sampler and the learner all pass through it, a deep copy (the
     KL reference) keeps it, and save_pretrained still records the original architecture's name."""
-    target = getattr(getattr(model, "owner", None), "peft", model)  # an AdapterPolicy: its peft model
-    if hasattr(target, "peft_config") and hasattr(target, "get_base_model"):  # peft calls the model's forward
-        target = target.get_base_model()
+    target = transformers_model(model)
     plain = type(target)
     if getattr(plain, "marl_autocast", None) == dtype:
         return
@@ -249,7 +256,8 @@ def place_autocast(actors: dict, setting: str, device: str, log=print) -> torch.
     models = [actor.model for actor in actors.values() if getattr(actor, "model", None) is not None]
     if not models:
         return None
-    parameters = max(sum(p.numel() for p in model.parameters()) for model in models)
+    # the whole model's size decides (base and adapters), not what a LoRA learner trains
+    parameters = max(sum(p.numel() for p in transformers_model(model).parameters()) for model in models)
     dtype, why = autocast_choice(setting, device, parameters)
     log(f"precision: {why}")
     for model in models if dtype is not None else ():

@@ -101,3 +101,21 @@ def test_place_autocast_logs_why_it_kept_float32_for_a_small_model():
     assert place_autocast(actors, "auto", "cpu", lines.append) is None
     assert len(lines) == 1 and lines[0].startswith("precision: float32")
     assert linear_output_dtypes(actors["a"].model, torch.randint(0, 64, (1, 4))) == {torch.float32}
+
+
+def test_a_lora_learner_is_sized_by_its_whole_model_not_by_the_adapter_it_trains(real_model_dirs, monkeypatch):
+    """An AdapterPolicy's parameters() are its adapter's alone; the autocast threshold reads the base too."""
+    from marl.scenario.sections import LoraSpec
+    from trainers.policy import loading
+    from trainers.policy.adapters import AdapterBase
+    from trainers.policy.loading import load_policy, transformers_model
+
+    model, tokenizer = load_policy(real_model_dirs["llama"])
+    whole = sum(p.numel() for p in model.parameters())
+    adapter = AdapterBase(model, real_model_dirs["llama"], tokenizer).add("alice", LoraSpec(r=4, alpha=8.0))
+    trained = sum(p.numel() for p in adapter.parameters())
+    assert trained < whole and transformers_model(adapter) is model
+    monkeypatch.setattr(loading, "cpu_bf16_flags", lambda: ["amx_bf16"])
+    monkeypatch.setattr(loading, "AUTOCAST_MIN_PARAMETERS", trained + 1)  # above the adapter, below the model
+    assert place_autocast({"alice": Actor(adapter)}, "auto", "cpu", lambda line: None) == torch.bfloat16
+    assert type(model).marl_autocast == torch.bfloat16
