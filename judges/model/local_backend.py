@@ -24,6 +24,7 @@ which hands the requests of one event-loop turn (a judge's `asyncio.gather`) ove
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -142,6 +143,9 @@ class LocalModel:
         self.stop_ids = stop_token_ids(self.model, self.tokenizer)  # every end token (eos list, end of turn)
         self.name = name or Path(model_dir).name
         self.lock = threading.Lock()  # held while the model runs; whoever holds it serves the whole queue
+        # entered around every chat generation: the server switches runtime LoRA adapters off in it, so
+        # a chat request is the base model's answer (trainers/engine/serving.py)
+        self.forward_context = contextlib.nullcontext
         self._queue: list[_Job] = []
         self._queue_lock = threading.Lock()
 
@@ -247,7 +251,7 @@ class LocalModel:
             _seed_torch(first.seed)
         if any(job.bias for job in jobs):
             sampling["logits_processor"] = _bias_processor(jobs, int(self.model.config.vocab_size))
-        with torch.no_grad():
+        with torch.no_grad(), self.forward_context():
             out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(j.max_tokens for j in jobs),
                                       pad_token_id=pad, eos_token_id=self.stop_ids, output_scores=True,
                                       return_dict_in_generate=True, **sampling)

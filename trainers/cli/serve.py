@@ -1,4 +1,4 @@
-"""`marl serve MODEL_DIR`: a local model on an OpenAI-compatible endpoint (the server is trainers/policy/serve.py).
+"""`marl serve MODEL_DIR`: a local model on an OpenAI-compatible endpoint (the server is trainers/engine/server.py).
 
     marl serve runs/relay/checkpoints/step-000200/model      a full model, or a LoRA adapter directory
     marl serve smollm2-135m-instruct                         a GGUF file or packaged model (converted once)
@@ -27,6 +27,9 @@ def add_parser(commands) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--name", help="model name clients must ask for (default: the directory name)")
+    serve.add_argument("--enable-lora", action="store_true",
+                       help="allow runtime LoRA adapters (/v1/load_lora_adapter, as vLLM's --enable-lora): what "
+                            "marl run's HTTP rollout engine (train.engine.kind: http) publishes its adapters through")
     serve.add_argument("--base", metavar="DIR", help="an adapter's base model directory (default: the one the "
                                                      "adapter names)")
     serve.set_defaults(handler=run)
@@ -36,7 +39,7 @@ def run(args) -> int:
     """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
     from trainers.policy.memory import check_model_fits
-    from trainers.policy.serve import ModelLoadError, check_port, serve
+    from trainers.engine.server import ModelLoadError, check_port, serve
 
     # SIGTERM (a service manager, `kill`) unwinds like Ctrl-C, so the merged copy below is removed too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -45,7 +48,8 @@ def run(args) -> int:
         with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:
             model_dir = servable_dir(args.model_dir, args.base, Path(scratch))
             check_model_fits(args.model_dir, model_dir)  # served in float32 on the CPU: too large is one line now
-            serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name)
+            serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name,
+                  enable_lora=args.enable_lora)
     except (ValueError, ModelLoadError, FileNotFoundError) as error:  # checked before anything is served
         raise UsageError(str(error)) from None
     except OSError as error:

@@ -1,4 +1,4 @@
-"""Models and how they speak: loading, sampling, actors, serving.
+"""Models and how they speak: loading, GGUF files, sampling, actors, LoRA adapters.
 
     tinylm.py    the embedded default model, built and cached on this machine
     loading.py   load_policy on a device and dtype (train.device, train.dtype), and placing actors there
@@ -6,7 +6,6 @@
     sampling.py  batched sampling with a shared-prefix KV cache, and the logprobs GRPO trains on
     actors.py    who speaks for each agent: language-model, scripted and endpoint actors
     adapters.py  LoRA via peft: one frozen base, an adapter per trained policy; saved adapters, merging
-    serve.py     a local model behind an OpenAI-compatible HTTP API (`marl serve`)
 
-May import: marl, judges.model (the local backend), trainers.runs.
+May import: marl, judges.model (the local backend), trainers.runs, trainers.engine (an actor's rollout engine).
 """

@@ -31,10 +31,13 @@ class ModelActor:
     """A causal LM answering a batch of observations with one batched sampling call."""
 
     def __init__(self, name: str, model, tokenizer, *, trainable: bool = True, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, styles: dict | None = None):
+                 top_p: float = 1.0, seed: int = 0, styles: dict | None = None, engine=None):
         import torch
 
+        from trainers.engine.inprocess import InProcessEngine
+
         self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
+        self.engine = engine or InProcessEngine()  # where the tokens are generated (trainers/engine)
         self.styles = dict(styles or {})  # agent -> trainers.policy.prompts.TurnStyle (role, chat-template mode)
         self.temperature, self.top_p = temperature, top_p
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
@@ -45,20 +48,21 @@ class ModelActor:
         (trainers/policy/prompts.py: the chat template when the tokenizer has one); rows stop at any
         of the model's end tokens, which the texts do not contain. With `keys` (one `stream_key` per
         request) each message is drawn from its own keyed stream, so it does not depend on the batch;
-        without, from the actor's seeded generator in call order."""
+        without, from the actor's seeded generator in call order. The actor's `engine` generates."""
         import torch
 
+        from trainers.engine.base import SamplingSettings
         from trainers.policy.prompts import decode_turns, fit_turn_prompts, model_context, stop_token_ids
-        from trainers.policy.sampling import encode_prompts, sample_completions
+        from trainers.policy.sampling import encode_prompts
 
         # each prompt within its agent's token limit (max_prompt_tokens, else the context minus max_tokens)
         prompts, cut = fit_turn_prompts(self.tokenizer, requests, self.styles, model_context(self.model))
         ids, mask = encode_prompts(self.tokenizer, prompts)
         # computed per call: `marl eval` swaps a checkpoint's model and tokenizer in after construction
-        completions = sample_completions(
-            self.model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, temperature=self.temperature,
-            top_p=self.top_p, greedy=greedy, eos_token_id=stop_token_ids(self.model, self.tokenizer),
-            pad_token_id=self.tokenizer.pad_token_id, generator=self.generator, row_keys=keys)
+        settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                                    greedy=greedy, stop_ids=tuple(stop_token_ids(self.model, self.tokenizer)),
+                                    pad_id=self.tokenizer.pad_token_id)
+        completions = self.engine.generate(self.name, self.model, ids, mask, settings, keys, self.generator)
         # rows that saw the same observation (the G episodes of a task at their first turn) share one
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}

@@ -37,6 +37,8 @@ class Completions:
     prompt_index: (N,) which prompt each row answers (rows of one prompt share its KV cache).
     prompt_cut: (N,) bool, True where the row's prompt was cut to fit its token limit (set by the actor
         that fitted the prompts, `ModelActor.act`; None when nothing fitted them).
+    version: (N,) the published policy version that sampled each row (trainers/engine: an HTTP engine's
+        adapter version; None when the live weights of this process sampled it).
     """
 
     prompt_ids: torch.Tensor
@@ -48,17 +50,22 @@ class Completions:
     entropy: torch.Tensor
     prompt_index: torch.Tensor
     prompt_cut: torch.Tensor | None = None
+    version: torch.Tensor | None = None
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenise prompts (no special tokens added) into left-padded ids and attention mask."""
     if not prompts:
         raise ValueError("encode_prompts needs at least one prompt")
-    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    return encode_ids([tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts], tokenizer.pad_token_id)
+
+
+def encode_ids(encoded: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as left-padded ids and attention mask (a ValueError when every prompt is empty)."""
     width = max(len(ids) for ids in encoded)
     if width == 0:
         raise ValueError("every prompt tokenised to zero tokens; a prompt must have at least one token")
-    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(encoded), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(encoded), width), dtype=torch.long)
     for row, tokens in enumerate(encoded):
         if tokens:
@@ -477,10 +484,12 @@ def concat_completions(batches: list[Completions]) -> Completions:
         parts["truncated"].append(b.truncated)
         parts["prompt_index"].append(b.prompt_index + offset)
         parts["prompt_cut"].append(b.prompt_cut)
+        parts["version"].append(b.version)
         offset += int(b.prompt_index.max().item()) + 1 if b.prompt_index.numel() else 0
-    cuts = parts.pop("prompt_cut")  # known for all batches, or for none
+    optional = {name: parts.pop(name) for name in ("prompt_cut", "version")}  # known for all batches, or none
     joined = {name: torch.cat(tensors) for name, tensors in parts.items()}
-    return Completions(**joined, prompt_cut=None if any(c is None for c in cuts) else torch.cat(cuts))
+    return Completions(**joined, **{name: None if any(t is None for t in tensors) else torch.cat(tensors)
+                                    for name, tensors in optional.items()})
 
 
 def _completion_pad_id(batch: Completions) -> int:

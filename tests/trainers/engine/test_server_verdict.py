@@ -12,7 +12,7 @@ ITEM_PROMPT, ANSWER_A, ANSWER_B = "What is 12+35?", "47", "It is 48."
 @pytest.fixture(scope="module")
 def server(real_model_dirs):
     """A real OpenAI-compatible server on 127.0.0.1 over the tiny Qwen2 model (the `marl serve` library)."""
-    from trainers.policy.serve import make_http_server
+    from trainers.engine.server import make_http_server
 
     httpd = make_http_server(real_model_dirs["qwen2"], port=0, name="tiny")
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture
 def served(micro_policy, tmp_path):
-    from trainers.policy.serve import make_http_server
+    from trainers.engine.server import make_http_server
 
     model, tokenizer = micro_policy(seed=3)
     model.save_pretrained(tmp_path / "micro")

@@ -1,8 +1,13 @@
 """A local transformers model behind an OpenAI-compatible API (the library of `marl serve`, trainers/cli/serve.py).
 
-    GET  /v1/models             -> the one served model
+    GET  /v1/models             -> the served model (and, with --enable-lora, the adapters loaded at run time)
     POST /v1/chat/completions   -> {model, messages, max_tokens, temperature, top_p, seed, logprobs, top_logprobs,
                                     logit_bias}
+    POST /v1/completions        -> token-id prompts, logprobs, a served adapter by name (trainers/engine/serving.py)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   -> runtime LoRA adapters (only with --enable-lora)
+
+The last three are the subset of vLLM's server that the HTTP rollout engine speaks
+(trainers/engine/http.py): `marl run` with `train.engine.kind: http` generates through them.
 
 Any OpenAI client (and marl's judges) can then use the model as a judge or as a frozen opponent:
 `OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is rendered by
@@ -37,8 +42,18 @@ from pathlib import Path
 from judges.model.local_backend import LocalModel, RequestError
 
 
+ROUTES = {"chat/completions": "chat", "completions": "complete", "load_lora_adapter": "load_adapter",
+          "unload_lora_adapter": "unload_adapter"}  # POST path (after /v1/) -> the method answering it
+
+
+def _route(path: str) -> str | None:
+    """The ROUTES method of a POST path (`/v1/completions`, or without `/v1`), None when there is none."""
+    path = path.split("?", 1)[0].strip("/")
+    return ROUTES.get(path[3:] if path.startswith("v1/") else path)
+
+
 def _handler(holder: dict):
-    """A request handler class serving holder["model"] (set once the model is loaded)."""
+    """A request handler class serving holder["model"] and holder["service"] (set once the model is loaded)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet: one line per request is noise for a judge endpoint
@@ -60,21 +75,35 @@ def _handler(holder: dict):
         def _error(self, status: int, kind: str, message: str) -> None:
             self._send(status, {"error": {"message": message, "type": kind, "code": status}})
 
+        def _send_text(self, text: str) -> None:  # vLLM answers an adapter load or unload with plain text
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self):
             if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, holder["model"].models())
+                self._send(200, holder["service"].models())
             else:
                 self._error(404, "not_found_error", f"no route {self.path}")
 
         def do_POST(self):
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            route = _route(self.path)
+            if route is None:
                 return self._error(404, "not_found_error", f"no route {self.path}")
             try:
                 length = int(self.headers.get("Content-Length", 0))
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(payload, dict):
                     raise RequestError(400, "invalid_request_error", "the body must be a JSON object")
-                self._send(200, holder["model"].chat(payload))
+                if route == "chat":
+                    self._send(200, holder["model"].chat(payload))
+                elif route == "complete":
+                    self._send(200, holder["service"].complete(payload))
+                else:
+                    self._send_text(getattr(holder["service"], route)(payload))
             except json.JSONDecodeError as error:
                 self._error(400, "invalid_request_error", f"the body is not JSON: {error}")
             except RequestError as error:
@@ -111,8 +140,9 @@ class _Server(ThreadingHTTPServer):
 
 
 def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
-                     name: str | None = None) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) for the model; port 0 picks a free port.
+                     name: str | None = None, *, enable_lora: bool = False) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) for the model; port 0 picks a free port. `enable_lora` allows
+    runtime LoRA adapters (/v1/load_lora_adapter), which read a directory the client names.
 
     ValueError for a port out of range, OSError when the address cannot be bound (checked before the
     model is loaded), FileNotFoundError when model_dir is not a model directory, ModelLoadError when
@@ -133,19 +163,24 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     except BaseException:
         httpd.server_close()
         raise
+    from trainers.engine.serving import CompletionService
+
     httpd.local_model = holder["model"]
+    holder["service"] = httpd.service = CompletionService(holder["model"], model_dir, enable_lora=enable_lora)
     return httpd
 
 
-def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None) -> None:
-    """Serve until interrupted, printing the base URL.
+def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, *,
+          enable_lora: bool = False) -> None:
+    """Serve until interrupted, printing the base URL (`enable_lora`: runtime LoRA adapters, see make_http_server).
 
     Raises what make_http_server raises, before serving: ValueError (a port out of range),
     ModelLoadError, FileNotFoundError, or OSError (the address cannot be bound).
     """
-    httpd = make_http_server(model_dir, host, port, name)
+    httpd = make_http_server(model_dir, host, port, name, enable_lora=enable_lora)
     model = name or Path(model_dir).name
-    print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1 (Ctrl-C stops)", flush=True)
+    lora = "; runtime LoRA adapters on" if enable_lora else ""
+    print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1{lora} (Ctrl-C stops)", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
