@@ -245,6 +245,9 @@ def run_scenario(options: RunOptions, log=print) -> dict:
             raise
         out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
+            from trainers.engine.http import attach_http_engine
+
+            trainer.engine = attach_http_engine(trainer.actors, scenario.spec.train.engine, out, log)
             with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
                 return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
         finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
@@ -252,7 +255,9 @@ def run_scenario(options: RunOptions, log=print) -> dict:
 
 
 def _close_backend(trainer) -> None:
-    """Stop the Ray backend's workers and the cluster this run started (nothing for the local one)."""
+    """Unload the HTTP engine's adapters; stop the Ray backend's workers and the cluster this run started."""
+    if getattr(trainer, "engine", None) is not None:
+        trainer.engine.close()
     close = getattr(trainer.player, "close", None)
     if close is not None:
         from trainers.ray.cluster import shutdown

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from marl.options import TRACKERS
 
@@ -139,3 +139,23 @@ class RaySpec(Strict):
     max_retries: int = Field(2, ge=0, le=100, description="times a dead worker's episodes are replayed on a new "
                                                          "worker before the step fails")
     object_store_mb: int = Field(512, ge=64, description="object store of a local cluster started by marl (MiB)")
+
+
+class EngineSpec(Strict):
+    """The rollout engine (trainers/engine): where a model actor's tokens are generated."""
+
+    kind: Literal["inprocess", "http"] = Field("inprocess", description="inprocess: the KV-cache sampler on the "
+                                               "live weights; http: an OpenAI-compatible generation server "
+                                               "(vLLM, or marl serve --enable-lora) serving train.model, each "
+                                               "trained LoRA adapter published to it under a versioned name")
+    url: str | None = Field(None, description="http: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    adapters_dir: str | None = Field(None, description="http: where published adapters are written for the "
+                                     "server to read (a path it can see; default: the run's engine_adapters/)")
+    timeout_s: float = Field(300.0, gt=0, le=86400, description="http: seconds one request may take")
+
+    @model_validator(mode="after")
+    def _http_needs_a_url(self) -> EngineSpec:
+        if self.kind == "http" and not self.url:
+            raise ValueError("engine.kind http needs engine.url, the server's base URL (e.g. "
+                             "http://127.0.0.1:8000/v1 after `marl serve MODEL --enable-lora --port 8000`)")
+        return self

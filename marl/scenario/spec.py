@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model,
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
 
-from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
+from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, EngineSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
                                     ReflectionSpec, SafetySpec, SelfPlaySpec, Strict, TrackingSpec, WarmupSpec)
 
 def _http_url(url: str | None) -> str | None:
@@ -302,6 +302,10 @@ class GRPOKnobs(Strict):
                                                        "clip-higher uses 0.28)")
     mu: int = Field(1, ge=1, description="policy updates per generated batch (old logprobs are the detached "
                                          "current ones when 1)")
+    tis_cap: float = Field(2.0, ge=0, description="truncated importance sampling: when samples come from another "
+                                                  "forward than the trainer's (the HTTP engine, Ray with "
+                                                  "max_staleness > 0), each token's loss is weighed by "
+                                                  "min(p_trainer / p_sampler, tis_cap); 0 turns the correction off")
     spike_factor: float = Field(10.0, ge=0, description="skip a step whose grad norm exceeds spike_factor x its "
                                                         "running median (0 disables)")
     spike_window: int = Field(20, ge=1, description="steps in the running median of the spike guard")
@@ -400,12 +404,23 @@ class TrainSpec(TrainKnobs):
     backend: Literal["local", "ray"] = Field("local", description="local: one process; ray: episodes and "
                                             "replays played by Ray rollout workers (train.ray), the update here")
     ray: RaySpec = Field(default_factory=RaySpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="where model actors generate: in this "
+                               "process (inprocess) or on a generation server (http: vLLM or marl serve)")
     continual: ContinualSpec = Field(default_factory=ContinualSpec, description="with --init-from: replay "
                                      "share and KL to the earlier run's policy (ignored without it)")
 
     @model_validator(mode="after")
     def _moving_reference_needs_kl(self) -> TrainSpec:
         return check_moving_reference(self, "train.")
+
+    @model_validator(mode="after")
+    def _http_engine_serves_adapters(self) -> TrainSpec:
+        if self.engine.kind == "http" and self.lora is None:
+            raise ValueError("engine.kind http publishes LoRA adapters to the server: set train.lora (e.g. "
+                             "--set train.lora.r=16); full-weight sync to a generation server is not supported yet")
+        if self.engine.kind == "http" and self.backend == "ray":
+            raise ValueError("engine.kind http with backend ray is not supported yet: use one of them")
+        return self
 
     @field_validator("budget_curve")
     @classmethod

@@ -54,11 +54,12 @@ def usage_errors(*kinds: type[BaseException]):
 
 def training_errors() -> tuple[type[BaseException], ...]:
     """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
+    from trainers.engine.base import EngineError
     from trainers.run import RunError
     from trainers.runs.checkpoint import CheckpointError
     from trainers.runs.rundir import RunDirectoryError
 
-    return RunError, RunDirectoryError, CheckpointError, FileNotFoundError, ValueError
+    return RunError, RunDirectoryError, CheckpointError, EngineError, FileNotFoundError, ValueError
 
 
 # -- arguments shared by several commands ------------------------------------------------------------------

@@ -192,3 +192,18 @@ def _message(reply) -> str:
     except ValueError:
         text = None
     return " ".join(str(text or reply.text).split())[:300]
+
+
+def attach_http_engine(actors: dict, spec, out: Path, log=print) -> HttpEngine | None:
+    """With `train.engine.kind: http`, one HttpEngine generating for every LoRA actor (the others stay
+    in-process); None otherwise. An unreachable server is an EngineError now, before any step."""
+    if spec.kind != "http":
+        return None
+    engine = HttpEngine(spec.url, Path(spec.adapters_dir) if spec.adapters_dir else out / "engine_adapters",
+                        timeout=spec.timeout_s, log=log)
+    served = [name for name, actor in actors.items() if hasattr(getattr(actor, "model", None), "owner")]
+    for name in served:
+        actors[name].engine = engine
+    log(f"engine: http at {engine.base_url} for {', '.join(served) or 'no actor'} (adapters published to "
+        f"{engine.adapters_dir} as <actor>-{engine.tag}-v<N> when their weights change)")
+    return engine

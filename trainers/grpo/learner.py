@@ -82,13 +82,16 @@ class PolicyLearner:
             enable_checkpointing(model)
 
     def update(self, completions: Completions, advantages: torch.Tensor, *, lr_scale: float = 1.0,
-               behaviour_logprobs: bool = False) -> dict[str, float]:
-        """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats.
+               offpolicy: bool = False) -> dict[str, float]:
+        """`mu` clipped-surrogate updates on the batch; returns loss, grad norm, KL and clip stats, and
+        the sampler/trainer mismatch (`mismatch`: engine/* figures, trainers/engine/correction.py).
 
         `lr_scale` multiplies this step's scheduled learning rate (the warm-up stage's low-lr check).
-        `behaviour_logprobs`: the old policy is the sampler's own logprobs (`completions.logprobs`), as
-        samples played with older weights need (the Ray backend's max_staleness > 0), so the clipped
-        ratio corrects for the lag; otherwise it is the current policy before the update.
+        `offpolicy`: the samples were not drawn by the trainer's own forward (an HTTP engine, or older
+        weights: the Ray backend's max_staleness > 0). With `tis_cap` > 0 every token is then weighed
+        by its truncated importance ratio against the sampler's logprobs (`completions.logprobs`); with
+        0 the clipped ratio is taken against the sampler's logprobs instead. On-policy, the old policy
+        is the current one before the update.
         """
         cfg = self.config
         for group, scheduled in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
@@ -98,31 +101,39 @@ class PolicyLearner:
             return self.keep_clock()
         rows, row_adv, weights, scale = compact
         parts = microbatches(rows, row_adv, weights, cfg.max_tokens_per_microbatch, cfg.loss_type)
-        if behaviour_logprobs:
-            old = [p.rows.logprobs.float() for p in parts]
+        correct = offpolicy and cfg.tis_cap > 0
+        if offpolicy and not correct:  # no TIS: the clipped ratio is against the sampler (unknown: the trainer's)
+            old = [_sampler_or(p.rows.logprobs, _no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing))
+                   for p in parts]
         else:
             old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing)
                                             for p in parts]
         ref = None if self.reference is None else [_no_grad_logprobs(self.reference, p.rows, cfg.temperature,
                                                                      cfg.packing)
                                                    for p in parts]
+        pairs: list = []  # (trainer, sampler, token weights) of the first pass: the mismatch before any update
         for _ in range(cfg.mu):
             self.optimizer.zero_grad(set_to_none=True)
-            loss, stats = self._accumulate(parts, old, ref, scale)
+            loss, stats = self._accumulate(parts, old, ref, scale, correct, pairs)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm, foreach=True).item()
             self._optimizer_step(skip=self.spikes.is_spike(loss, grad_norm))
-        return {"loss": loss, "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
-                "trained_rows": rows.completion_ids.size(0)}
+        from trainers.engine.correction import mismatch_metrics
 
-    def _accumulate(self, parts, old, ref, scale: float):
+        return {"loss": loss, "grad_norm": grad_norm, "kl": stats.kl, "clip_fraction": stats.clip_fraction,
+                "trained_rows": rows.completion_ids.size(0),
+                "mismatch": mismatch_metrics(pairs, cfg.tis_cap if correct else 0.0)}
+
+    def _accumulate(self, parts, old, ref, scale: float, correct: bool = False, pairs: list | None = None):
         """Forward and backward of every micro-batch, gradients accumulated: the loss of the whole batch.
 
         Each part's loss is weighted by its share of the batch's normaliser, so the summed gradients
-        equal those of one forward over all rows. Returns the batch loss (a float) and its LossStats.
+        equal those of one forward over all rows. `correct`: weigh tokens by their truncated importance
+        ratio against the sampler's logprobs. An empty `pairs` list is filled with each part's (trainer,
+        sampler, token weights) logprobs. Returns the batch loss (a float) and its LossStats.
         """
         from trainers.grpo.objective import policy_loss
 
-        cfg, total, results = self.config, 0.0, []
+        cfg, total, results, record = self.config, 0.0, [], pairs is not None and not pairs
         for index, part in enumerate(parts):
             with training_forward(self.model, cfg.gradient_checkpointing):
                 logprobs = completion_logprobs(self.model, part.rows, cfg.temperature, packing=cfg.packing)
@@ -130,9 +141,14 @@ class PolicyLearner:
                                           None if ref is None else ref[index], part.advantages,
                                           part.rows.completion_mask, loss_type=cfg.loss_type,
                                           epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                                          max_completion_length=cfg.max_new_tokens, row_weights=part.weights)
+                                          max_completion_length=cfg.max_new_tokens, row_weights=part.weights,
+                                          sampler_logprobs=part.rows.logprobs if correct else None,
+                                          tis_cap=cfg.tis_cap)
                 loss = loss * scale if part.share is None else loss * (part.share * scale)
                 loss.backward()
+            if record:
+                pairs.append((logprobs.detach(), part.rows.logprobs,
+                              part.rows.completion_mask * part.weights[:, None].to(logprobs.dtype)))
             total += loss.item()
             results.append(stats)
         return total, results[0] if len(parts) == 1 else _merge_stats(results, parts)
@@ -282,6 +298,12 @@ def microbatches(rows: Completions, advantages: torch.Tensor, weights: torch.Ten
         share = loss_normaliser(part.completion_mask, loss_type, weights[index]) / whole
         parts.append(MicroBatch(part, advantages[index], weights[index], share))
     return parts
+
+
+def _sampler_or(sampler: torch.Tensor, trainer: torch.Tensor) -> torch.Tensor:
+    """The sampler's logprobs, the trainer's where the sampler sent none (NaN)."""
+    sampler = sampler.float()
+    return torch.where(torch.isnan(sampler), trainer, sampler)
 
 
 def _merge_stats(stats: list, parts: list[MicroBatch]):

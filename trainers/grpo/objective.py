@@ -143,6 +143,8 @@ def policy_loss(
     beta: float = 0.0,
     max_completion_length: int | None = None,
     row_weights: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    tis_cap: float = 0.0,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped GRPO surrogate with optional k3 KL, aggregated as TRL 1.16 for one optimizer step.
 
@@ -153,6 +155,9 @@ def policy_loss(
     `grpo` mean of per-sequence means, `dr_grpo` sum/(B * max_completion_length, default T).
     `row_weights` (B,), optional: row r stands for w_r identical rows (the trainer merges duplicate
     completions); the result equals the loss of the batch with every row repeated w_r times.
+    `sampler_logprobs` (B, T) with `tis_cap` > 0: the samples came from another forward than the
+    trainer's, and each token's surrogate is weighed by min(exp(old - sampler), tis_cap)
+    (trainers/engine/correction.py: truncated importance sampling; the KL term is not weighed).
     Returns the scalar loss and detached `LossStats`.
     """
     if loss_type not in LOSS_TYPES:
@@ -165,6 +170,10 @@ def policy_loss(
     ratio = torch.exp(logprobs - old_logprobs)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    if sampler_logprobs is not None and tis_cap > 0:
+        from trainers.engine.correction import tis_weights
+
+        per_token_loss = per_token_loss * tis_weights(old_logprobs, sampler_logprobs, tis_cap)
     per_token_kl = None
     if beta != 0.0:
         delta = ref_logprobs - logprobs

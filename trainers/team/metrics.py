@@ -128,13 +128,16 @@ def signal_share(episodes, agents, group_size: int) -> float:
 
 
 def _policy_metrics(updates: dict) -> dict[str, float]:
-    """policy/{name}/* of every learner's update; train/kl for a lone policy, train/loss as their mean."""
+    """policy/{name}/* of every learner's update; train/kl and engine/* (the sampler/trainer mismatch) for a
+    lone policy, engine/*/{name} for several; train/loss as their mean."""
     metrics = {}
     for name, update in updates.items():
         for key in ("loss", "grad_norm", "clip_fraction", "trained_rows"):
             metrics[f"policy/{name}/{key}"] = update[key]
         if update["kl"] is not None:
             metrics["train/kl" if len(updates) == 1 else f"policy/{name}/kl"] = update["kl"]
+        for key, value in (update.get("mismatch") or {}).items():  # engine/*: sampler against trainer
+            metrics[key if len(updates) == 1 else f"{key}/{name}"] = value
     if updates:
         metrics["train/loss"] = statistics.fmean(u["loss"] for u in updates.values())
     return metrics

@@ -192,9 +192,9 @@ class MultiAgentTrainer:
         rewards, guards = self._apply_safeguards(batch, rewards)
         advantages = self._role_advantages(rewards)
         scored = time.perf_counter()
-        offpolicy = bool(lag.get("ray/offpolicy_samples"))
         updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale,
-                                        behaviour_logprobs=offpolicy)
+                                        offpolicy=bool(lag.get("ray/offpolicy_samples"))
+                                        or getattr(getattr(self.actors[name], "engine", None), "offpolicy", False))
                    if self._has_samples(batch, name) else learner.keep_clock()
                    for name, learner in self.learners.items()}
         self._record_results(tasks, batch, credits, opponent)
