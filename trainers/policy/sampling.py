@@ -1,8 +1,9 @@
 """Batched sampling with a KV cache, and the per-token logprobs GRPO trains on.
 
 Both avoid computing the same thing twice, exactly:
-- `sample_completions` runs the model once per distinct prefix: the G samples of a prompt start from
-  one prefill, and rows that drew the same tokens keep sharing a cache entry (a prefix tree).
+- `sample_completions` prefills each distinct prompt once (the G samples of a prompt, and identical
+  prompts of different rows, start from one prefill), then decodes every row in one batch with its
+  keys and values written in place (trainers/policy/kv_cache.py).
 - `completion_logprobs` packs each prompt once followed by the completions of its rows into one
   sequence with a block attention mask, so the prompt's forward and backward are shared by its rows
   and short completions pay no padding. Gradients equal those of the plain per-row forward
@@ -158,14 +159,17 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        row_keys: Sequence[int] | None = None) -> Completions:
     """Sample `group_size` completions per prompt with a KV cache, stopping rows at EOS.
 
-    The model runs once per distinct prefix, not once per row: the G rows of a prompt start from one
-    cache entry, and rows that sampled the same tokens so far keep sharing one (a prefix tree).
-    Each row still draws its own token from its prefix's distribution, so the samples are exactly
-    those of G independent generations. Rows stop at EOS (`eos_token_id`: one id or several, e.g. a
-    chat model's end of turn and its end of text); generation stops when every row has.
-    `greedy=True` takes the argmax (evaluation at temperature 0). Pass a seeded `generator`, or
-    `row_keys` (one `stream_key` per prompt; row g of a prompt draws from its key and g) for samples
-    that do not depend on which other prompts share the batch (`keyed_uniforms`).
+    Identical prompts are computed once: the G rows of a prompt, and rows whose prompts are the same
+    tokens (the G episodes of a task at their first turn), start from one prefill. Every row then
+    decodes in one batch, in lockstep, its keys and values written in place into a preallocated cache
+    (`trainers.policy.kv_cache`: no per-step copy of the cache); rows that stopped are dropped from the
+    batch once half of it has. Greedy decoding runs each distinct prompt once and copies the result
+    to its rows. Each row draws its own tokens, so the samples are those of independent generations.
+    Rows stop at EOS (`eos_token_id`: one id or several, e.g. a chat model's end of turn and its end of
+    text); generation stops when every row has. `greedy=True` takes the argmax (evaluation at
+    temperature 0). Pass a seeded `generator`, or `row_keys` (one `stream_key` per prompt; row g of a
+    prompt draws from its key and g) for samples that do not depend on which other prompts share the
+    batch (`keyed_uniforms`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
@@ -174,42 +178,73 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     device = model_device(model)  # every tensor of the batch lives where the model does (a no-op on the CPU)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
-                            dtype=torch.long, device=prompt_ids.device)
+                            dtype=torch.long, device=device)
     rows_prompt = torch.arange(prompt_ids.size(0), device=device).repeat_interleave(group_size)
-    n = rows_prompt.numel()
-    out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     position_ids=_positions(prompt_mask), logits_to_keep=1)
-    logits = out.logits[:, -1]
-    node_of_row = rows_prompt.clone()  # each row's prefix node; logits and cache rows are per node
-    attention, position = prompt_mask, prompt_mask.sum(-1, keepdim=True)
-    done = torch.zeros(n, dtype=torch.bool, device=device)
+    distinct, prompt_of = _distinct_prompts(prompt_ids, prompt_mask)
+    source = prompt_of[rows_prompt]  # each row's distinct prompt
     keys = _row_keys(row_keys, prompt_ids.size(0), group_size) if row_keys is not None and not greedy else None
-    steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
-    for index in range(max_new_tokens):
-        running = (~done).nonzero().squeeze(-1)
-        uniforms = keyed_uniforms(keys[running.cpu().numpy()], index) if keys is not None else None
-        picked, logprobs, entropy = _pick_tokens(logits[node_of_row[running]], temperature, top_p, greedy, generator,
-                                                 uniforms)
-        steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
-        stopped = torch.isin(picked, stop_ids)
-        done[running] = stopped
-        if bool(done.all()):
-            break
-        alive = ~stopped
-        vocab = logits.size(-1)
-        nodes, node_of_alive = torch.unique(node_of_row[running[alive]] * vocab + picked[alive], return_inverse=True)
-        parent, token = nodes // vocab, nodes % vocab
-        cache.batch_select_indices(parent)
-        attention = torch.cat([attention[parent], torch.ones((parent.numel(), 1), dtype=attention.dtype, device=device)], dim=1)
-        position = position[parent]
-        out, cache = _forward_with_cache(model, cache, input_ids=token[:, None], attention_mask=attention,
-                                         position_ids=position)
-        logits, position = out.logits[:, -1], position + 1
-        node_of_row[running[alive]] = node_of_alive
-    tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
+    rows = torch.arange(distinct.numel(), device=device) if greedy else source  # greedy: each distinct prompt once
+    tokens, logprobs, entropy, mask, done = _decode(
+        model, prompt_ids[distinct], prompt_mask[distinct], rows, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, greedy=greedy, generator=generator, keys=keys, stop_ids=stop_ids,
+        pad_token_id=pad_token_id)
+    if greedy:  # the distinct prompts' completions, copied to their rows
+        tokens, logprobs, entropy, mask, done = (t[source] for t in (tokens, logprobs, entropy, mask, done))
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
                        completion_ids=tokens, completion_mask=mask.long(), logprobs=logprobs,
                        truncated=~done, entropy=entropy, prompt_index=rows_prompt)
+
+
+def _distinct_prompts(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index of one row per distinct prompt, each prompt's distinct index): identical rows computed once."""
+    _, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
+    order = torch.arange(ids.size(0), device=ids.device)
+    first = torch.full((int(inverse.max()) + 1,), ids.size(0), dtype=torch.long, device=ids.device)
+    return first.scatter_reduce(0, inverse, order, reduce="amin"), inverse
+
+
+def _decode(model, prompt_ids, prompt_mask, rows, *, max_new_tokens, temperature, top_p, greedy, generator, keys,
+            stop_ids, pad_token_id):
+    """Prefill the prompts once, then decode `rows` (row -> its prompt) in lockstep: per row (N, C) tokens,
+    logprobs, entropy, mask, and whether it stopped (N,). Batch rows are the live rows (`alive`), dropped
+    in one copy when half of them have stopped."""
+    from trainers.policy.kv_cache import preallocate
+
+    device, n, width = prompt_ids.device, rows.numel(), prompt_ids.size(1)
+    out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
+                                     position_ids=_positions(prompt_mask), logits_to_keep=1)
+    logits = out.logits[:, -1][rows]
+    if not preallocate(cache, rows, width + max_new_tokens):  # another kind of cache: expanded as it is
+        cache.batch_select_indices(rows)
+    attention = torch.zeros((n, width + max_new_tokens), dtype=prompt_mask.dtype, device=device)
+    attention[:, :width] = prompt_mask[rows]
+    position = prompt_mask[rows].sum(-1, keepdim=True)
+    alive = torch.arange(n, device=device)  # the row each batch row decodes
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
+    for index in range(max_new_tokens):
+        batch_running = (~done[alive]).nonzero().squeeze(-1)
+        running = alive[batch_running]
+        uniforms = keyed_uniforms(keys[running.cpu().numpy()], index) if keys is not None else None
+        picked, logprobs, entropy = _pick_tokens(logits[batch_running], temperature, top_p, greedy, generator,
+                                                 uniforms)
+        steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
+        done[running] = torch.isin(picked, stop_ids)
+        if bool(done.all()) or index + 1 == max_new_tokens:
+            break
+        feed = torch.full((alive.numel(),), pad_token_id, dtype=torch.long, device=device)
+        feed[batch_running] = picked  # a stopped row is fed padding until it is dropped; nothing reads it
+        live = ~done[alive]
+        if 2 * int(live.sum()) <= alive.numel():
+            keep = live.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            alive, feed, attention, position = alive[keep], feed[keep], attention[keep], position[keep]
+        attention[:, width + index] = 1
+        out, cache = _forward_with_cache(model, cache, input_ids=feed[:, None],
+                                         attention_mask=attention[:, :width + index + 1], position_ids=position)
+        logits, position = out.logits[:, -1], position + 1
+    tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
+    return tokens, logprobs, entropy, mask, done
 
 
 def _row_keys(prompt_keys: Sequence[int], prompts: int, group_size: int):
