@@ -17,7 +17,7 @@ step. Then the HTTP engine against `marl serve --enable-lora` (in this process, 
 LoRA adapter on the ~30M model, against the in-process engine on the same keyed rows: its overhead.
 
 The last lines: `ratio: ...` (the test-suite's form) and `sampler vs HF generate: N.NNx` for the ~30M
-model at G = 8, sampled (in --quick, the tiny model's).
+model at G = 8, sampled (in --quick, or when --models leaves 30m out, the first model's).
 """
 
 from __future__ import annotations
@@ -178,14 +178,19 @@ def http_overhead(model_dir: Path, prompts: int, group: int, new_tokens: int, re
             "rows": ids.size(0), "tokens": int(a.completion_mask.sum())}
 
 
-def models(quick: bool, cache: Path) -> dict[str, Path]:
-    """name -> model directory: the tiny Qwen2, then (not --quick) the ~30M one and SmolLM2-135M-Instruct."""
-    chosen = {"tiny": build_model_dir("tiny", cache / "qwen2-tiny")}
-    if not quick:
-        from trainers.policy.gguf import resolve_model_dir
+MODELS = ("tiny", "30m", "smollm2-135m")
 
-        chosen["30m"] = build_model_dir("30m", cache / "qwen2-30m")
-        chosen["smollm2-135m"] = resolve_model_dir("smollm2-135m-instruct", log=lambda *_: None)
+
+def models(names, cache: Path) -> dict[str, Path]:
+    """name -> model directory of each of `names` (MODELS: the tiny and ~30M Qwen2, SmolLM2-135M-Instruct)."""
+    chosen = {}
+    for name in names:
+        if name == "smollm2-135m":
+            from trainers.policy.gguf import resolve_model_dir
+
+            chosen[name] = resolve_model_dir("smollm2-135m-instruct", log=lambda *_: None)
+        else:
+            chosen[name] = build_model_dir(name, cache / f"qwen2-{name}")
     return chosen
 
 
@@ -197,10 +202,12 @@ def parse_args(argv=None):
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs per condition, marl and HF interleaved")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="the models compared (the HTTP part and the last line use 30m when it is among them)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.prompts, args.group_size, args.new_tokens, args.repeats = 2, 4, 16, 1
+        args.prompts, args.group_size, args.new_tokens, args.repeats, args.models = 2, 4, 16, 1, ["tiny"]
     return args
 
 
@@ -225,7 +232,8 @@ def main(argv=None) -> int:
     print(f"rollout bench: P={args.prompts} prompts x G={args.group_size}, {args.new_tokens} new tokens, "
           f"{args.repeats} repeats, {args.threads} thread(s); copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     figures = {"settings": vars(args), "bandwidth_bytes_per_s": bandwidth, "models": {}}
-    for name, directory in models(args.quick, cache).items():
+    chosen = models(args.models, cache)
+    for name, directory in chosen.items():
         model, tokenizer = load_policy(directory)
         model.eval()
         figures["models"][name] = {
@@ -233,16 +241,15 @@ def main(argv=None) -> int:
                           mode == "greedy", bandwidth) for mode in ("sampled", "greedy")}
         for mode, result in figures["models"][name].items():
             show(name, mode, result)
-    http_model = "tiny" if args.quick else "30m"
-    http = http_overhead(models(args.quick, cache)[http_model], args.prompts, args.group_size, args.new_tokens,
-                         args.repeats)
+    http_model = "30m" if "30m" in chosen else next(iter(chosen))
+    http = http_overhead(chosen[http_model], args.prompts, args.group_size, args.new_tokens, args.repeats)
     figures["http"] = {"model": http_model, **http}
     print(f"http engine vs in-process ({http_model}, LoRA r8, {http['rows']} keyed rows, {http['tokens']} tokens): "
           f"{http['seconds']['http']:.2f} s against {http['seconds']['inprocess']:.2f} s, overhead "
           f"{http['overhead']:.2f}x; same tokens: {http['same_tokens']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
-    anchor = "tiny" if args.quick else "30m"
+    anchor = http_model
     ratio = figures["models"][anchor]["sampled"]["ratio"]
     print(f"ratio: {ratio:.2f} (marl sampler tokens/s over HF generate's, {anchor} model, G={args.group_size}, "
           f"sampled; anchor: HF generate, timed in this run)")

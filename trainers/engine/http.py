@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import shutil
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 from trainers.engine.base import EngineError, SamplingSettings, StaleAdapterError, adapter_name
 
 MAX_CONCURRENT = 64  # requests in flight at once
+TRANSPORT_ATTEMPTS = 3  # tries of a request whose connection failed (not of one the server answered)
 
 
 def _adapter_digest(policy) -> str:
@@ -99,10 +101,14 @@ class HttpEngine:
         shutil.rmtree(self.adapters_dir / name, ignore_errors=True)
 
     def _post(self, path: str, body: dict, what: str):
-        try:
-            reply = self.client.post(path, json=body)
-        except Exception as error:  # noqa: BLE001
-            raise EngineError(f"{what} at {self.base_url}{path}: {type(error).__name__}: {error}") from None
+        for attempt in range(TRANSPORT_ATTEMPTS):  # a reset connection is tried again: a request is seeded
+            try:
+                reply = self.client.post(path, json=body)
+                break
+            except Exception as error:  # noqa: BLE001
+                if attempt + 1 == TRANSPORT_ATTEMPTS or not _transient(error):
+                    raise EngineError(f"{what} at {self.base_url}{path}: {type(error).__name__}: {error}") from None
+                time.sleep(0.5 * 2 ** attempt)
         if reply.status_code == 404 and path == "/completions":
             raise StaleAdapterError(f"{self.base_url} does not serve {body.get('model')!r} ({_message(reply)}): the "
                                     "adapter version this step asked for is not loaded; nothing was sampled with "
@@ -182,6 +188,13 @@ class HttpEngine:
             self._unload(name)
         self.published.clear()
         self.client.close()
+
+
+def _transient(error: Exception) -> bool:
+    """A connection that failed on the way (reset, refused mid-run, timed out connecting): worth a retry."""
+    import httpx
+
+    return isinstance(error, (httpx.TransportError,)) and not isinstance(error, httpx.ReadTimeout)
 
 
 def _message(reply) -> str:

@@ -131,6 +131,8 @@ class _Server(ThreadingHTTPServer):
     """The HTTP server, with one line instead of a traceback when a request fails outside the handler's
     own error replies, and nothing at all when the client just went away (a port probe, a Ctrl-C)."""
 
+    request_queue_size = 256  # the listen backlog: a rollout engine opens one connection per row at once
+
     def handle_error(self, request, client_address):
         error = sys.exc_info()[1]
         if isinstance(error, (ConnectionError, TimeoutError)):

@@ -119,18 +119,23 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _pick_tokens(logits, temperature, top_p, greedy, generator, uniforms=None):
-    """Choose the next token per row; return it, its logprob at logits / temperature, and the entropy.
-    With `uniforms` (one per row, `keyed_uniforms`) the draw is by inverse CDF, else from `generator`."""
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    """Choose the next token per row; return it, its logprob at logits / temperature, and the entropy of
+    the distribution it was drawn from (greedy: a point mass, entropy 0, and no softmax over the whole
+    vocabulary, only the log-normaliser). With `uniforms` (one per row, `keyed_uniforms`) the draw is by
+    inverse CDF, else from `generator`."""
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
     if greedy:
-        tokens = logprobs.argmax(-1)
+        tokens = scaled.argmax(-1)
+        picked = scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        return tokens, picked, torch.zeros_like(picked)
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    probs = logprobs.exp()
+    nucleus = _nucleus(probs, top_p)
+    if uniforms is not None:
+        tokens = _inverse_cdf(nucleus, uniforms)
     else:
-        probs = _nucleus(logprobs.exp(), top_p)
-        if uniforms is not None:
-            tokens = _inverse_cdf(probs, uniforms)
-        else:
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    entropy = -(logprobs.exp() * logprobs).sum(-1)
+        tokens = torch.multinomial(nucleus, 1, generator=generator).squeeze(-1)
+    entropy = -(probs * logprobs).sum(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
 
 
@@ -221,14 +226,18 @@ def _decode(model, prompt_ids, prompt_mask, rows, *, max_new_tokens, temperature
     position = prompt_mask[rows].sum(-1, keepdim=True)
     alive = torch.arange(n, device=device)  # the row each batch row decodes
     done = torch.zeros(n, dtype=torch.bool, device=device)
-    steps = []  # per step: (tokens, logprobs, entropy, mask) over all n rows
+    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logprobs, entropy = torch.zeros((2, n, max_new_tokens), device=device)  # 0 on padding
+    mask = torch.zeros((n, max_new_tokens), dtype=torch.bool, device=device)
     for index in range(max_new_tokens):
         batch_running = (~done[alive]).nonzero().squeeze(-1)
         running = alive[batch_running]
         uniforms = keyed_uniforms(keys[running.cpu().numpy()], index) if keys is not None else None
-        picked, logprobs, entropy = _pick_tokens(logits[batch_running], temperature, top_p, greedy, generator,
-                                                 uniforms)
-        steps.append(_scatter_step(n, running, picked, logprobs, entropy, ~done, pad_token_id))
+        picked, picked_logprobs, picked_entropy = _pick_tokens(logits[batch_running], temperature, top_p, greedy,
+                                                               generator, uniforms)
+        tokens[running, index], logprobs[running, index], entropy[running, index] = picked, picked_logprobs, \
+            picked_entropy
+        mask[running, index] = True
         done[running] = torch.isin(picked, stop_ids)
         if bool(done.all()) or index + 1 == max_new_tokens:
             break
@@ -243,8 +252,8 @@ def _decode(model, prompt_ids, prompt_mask, rows, *, max_new_tokens, temperature
         out, cache = _forward_with_cache(model, cache, input_ids=feed[:, None],
                                          attention_mask=attention[:, :width + index + 1], position_ids=position)
         logits, position = out.logits[:, -1], position + 1
-    tokens, logprobs, entropy, mask = (torch.stack(column, 1) for column in zip(*steps))
-    return tokens, logprobs, entropy, mask, done
+    steps = index + 1
+    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps], mask[:, :steps], done
 
 
 def _row_keys(prompt_keys: Sequence[int], prompts: int, group_size: int):
@@ -257,15 +266,6 @@ def _row_keys(prompt_keys: Sequence[int], prompts: int, group_size: int):
         return np.asarray([int(k) for k in prompt_keys], dtype=np.uint64)
     return np.asarray([stream_key(int(k), member) for k in prompt_keys for member in range(group_size)],
                       dtype=np.uint64)
-
-
-def _scatter_step(n, running, tokens, logprobs, entropy, mask, pad_token_id):
-    """One generation step's values for the running rows, laid out over all n rows."""
-    device = tokens.device
-    full_tokens = torch.full((n,), pad_token_id, dtype=tokens.dtype, device=device).index_copy(0, running, tokens)
-    full_logprobs = torch.zeros(n, dtype=logprobs.dtype, device=device).index_copy(0, running, logprobs)
-    full_entropy = torch.zeros(n, dtype=entropy.dtype, device=device).index_copy(0, running, entropy)
-    return full_tokens, full_logprobs, full_entropy, mask.clone()
 
 
 @dataclass
