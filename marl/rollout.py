@@ -265,10 +265,7 @@ class EpisodePlayer:
                 if key is not None:
                     followers[id(job.memo), key] = []
                 requests[self._actor_for(job, agent), self.max_tokens[agent]].append((k, turn))
-        for (actor_name, max_tokens), pending in requests.items():
-            generation = self.actors[actor_name].act([(t.agent, t.observation, envs[k].task) for k, t in pending],
-                                                     max_new_tokens=max_tokens, greedy=greedy,
-                                                     keys=[turn_key(jobs[k], t) for k, t in pending])
+        for (actor_name, max_tokens), pending, generation in self._generate(requests, jobs, envs, greedy):
             record = generation.completions is not None and self.actors[actor_name].trainable
             if record:
                 batch.generations[actor_name].append(generation.completions)
@@ -282,6 +279,25 @@ class EpisodePlayer:
                     for other, follower in followers.get((id(jobs[k].memo), key), ()):
                         follower.text = texts[other, follower.agent] = text
         return texts
+
+    def _generate(self, requests: dict, jobs, envs, greedy: bool):
+        """((actor, max_tokens), pending, Generation) per request list: one `act` call each, except that
+        actors sharing a `batch_group` (LoRA adapters on one base model) answer in one `act_together` call."""
+        groups: dict = defaultdict(list)
+        for (actor_name, max_tokens), pending in requests.items():
+            group = getattr(self.actors[actor_name], "batch_group", None)
+            groups[(group, max_tokens) if group is not None else (actor_name, max_tokens, "alone")].append(
+                ((actor_name, max_tokens), pending))
+        for members in groups.values():
+            calls = [(self.actors[name], [(t.agent, t.observation, envs[k].task) for k, t in pending],
+                      [turn_key(jobs[k], t) for k, t in pending]) for (name, _), pending in members]
+            max_tokens = members[0][0][1]
+            if len(calls) == 1:
+                actor, asked, keys = calls[0]
+                generations = [actor.act(asked, max_new_tokens=max_tokens, greedy=greedy, keys=keys)]
+            else:
+                generations = calls[0][0].act_together(calls, max_new_tokens=max_tokens, greedy=greedy)
+            yield from ((request, pending, generation) for (request, pending), generation in zip(members, generations))
 
     @staticmethod
     def _memo_key(job: EpisodeJob, turn: Turn):

@@ -49,10 +49,8 @@ class ModelActor:
         of the model's end tokens, which the texts do not contain. With `keys` (one `stream_key` per
         request) each message is drawn from its own keyed stream, so it does not depend on the batch;
         without, from the actor's seeded generator in call order. The actor's `engine` generates."""
-        import torch
-
         from trainers.engine.base import SamplingSettings
-        from trainers.policy.prompts import decode_turns, fit_turn_prompts, model_context, stop_token_ids
+        from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
         from trainers.policy.sampling import encode_prompts
 
         # each prompt within its agent's token limit (max_prompt_tokens, else the context minus max_tokens)
@@ -63,6 +61,14 @@ class ModelActor:
                                     greedy=greedy, stop_ids=tuple(stop_token_ids(self.model, self.tokenizer)),
                                     pad_id=self.tokenizer.pad_token_id)
         completions = self.engine.generate(self.name, self.model, ids, mask, settings, keys, self.generator)
+        return self._generation(completions, prompts, cut)
+
+    def _generation(self, completions, prompts: list[str], cut: list[bool]) -> Generation:
+        """The texts of a sampled batch, its rows' shared prompts and cuts recorded."""
+        import torch
+
+        from trainers.policy.prompts import decode_turns
+
         # rows that saw the same observation (the G episodes of a task at their first turn) share one
         # prompt: the packed training forward then runs that prompt once for all of them (exact)
         first_row: dict[str, int] = {}
@@ -70,6 +76,39 @@ class ModelActor:
         # rows whose prompt was cut to fit: the team trainer's truncation guard counts them
         completions.prompt_cut = torch.tensor(cut, dtype=torch.bool, device=completions.prompt_ids.device)
         return Generation(decode_turns(self.tokenizer, completions), completions)
+
+    @property
+    def batch_group(self):
+        """Actors with equal groups can sample in one batch (`act_together`): LoRA adapters on one base,
+        generating in-process with the same tokenizer and sampling settings; None: this actor samples alone."""
+        owner = getattr(self.model, "owner", None)
+        if owner is None or self.engine.kind != "inprocess":
+            return None
+        return id(owner), id(self.tokenizer), self.temperature, self.top_p
+
+    def act_together(self, calls: list, *, max_new_tokens: int, greedy: bool = False) -> list[Generation]:
+        """One batch for several actors of this `batch_group`: `calls` is [(actor, requests, keys)], keys
+        one per request (rows must draw from their own streams, whichever batch they are in). Each row
+        runs with its actor's adapter (peft's mixed-batch forward: the base's matmuls once for all); the
+        result is each actor's Generation, as its own `act` would give it (tested: the same tokens)."""
+        import torch
+
+        from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
+        from trainers.policy.sampling import encode_prompts, sample_completions, select_rows
+
+        texts, cuts, names, spans = [], [], [], []
+        for actor, requests, _ in calls:
+            prompts, cut = fit_turn_prompts(actor.tokenizer, requests, actor.styles, model_context(actor.model))
+            spans.append((len(texts), len(texts) + len(prompts)))
+            texts, cuts, names = texts + prompts, cuts + list(cut), names + [actor.model.name] * len(prompts)
+        ids, mask = encode_prompts(self.tokenizer, texts)
+        keys = [key for _, _, actor_keys in calls for key in actor_keys]
+        batch = sample_completions(self.model.peft_model.eval(), ids, mask, max_new_tokens=max_new_tokens,
+                                   temperature=self.temperature, top_p=self.top_p, greedy=greedy,
+                                   eos_token_id=stop_token_ids(self.model, self.tokenizer),
+                                   pad_token_id=self.tokenizer.pad_token_id, row_keys=keys, adapter_names=names)
+        return [actor._generation(select_rows(batch, torch.arange(start, end)), texts[start:end], cuts[start:end])
+                for (actor, _, _), (start, end) in zip(calls, spans)]
 
     def message_probabilities(self, agent: str, observation: str, task: Task, messages: list[str], *,
                               max_new_tokens: int | None = None) -> list[float]:

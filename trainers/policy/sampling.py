@@ -78,8 +78,9 @@ def encode_ids(encoded: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 def _cache_name(model) -> str:
     """The KV-cache keyword of this model's forward: `cache` (transformers >= 5.2x) or `past_key_values`."""
     name = getattr(model, "_marl_cache_kwarg", None)
-    if name is None:
-        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    if name is None:  # a peft model's forward takes **kwargs: its base model's signature says
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        name = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         model._marl_cache_kwarg = name
     return name
 
@@ -161,7 +162,8 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        max_new_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
                        greedy: bool = False, eos_token_id: int | Sequence[int], pad_token_id: int,
                        generator: torch.Generator | None = None,
-                       row_keys: Sequence[int] | None = None) -> Completions:
+                       row_keys: Sequence[int] | None = None,
+                       adapter_names: Sequence[str] | None = None) -> Completions:
     """Sample `group_size` completions per prompt with a KV cache, stopping rows at EOS.
 
     Identical prompts are computed once: the G rows of a prompt, and rows whose prompts are the same
@@ -174,7 +176,9 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     text); generation stops when every row has. `greedy=True` takes the argmax (evaluation at
     temperature 0). Pass a seeded `generator`, or `row_keys` (one `stream_key` per prompt; row g of a
     prompt draws from its key and g) for samples that do not depend on which other prompts share the
-    batch (`keyed_uniforms`).
+    batch (`keyed_uniforms`). `adapter_names` (one per prompt; `model` a peft model in eval mode) runs each
+    row with its prompt's LoRA adapter, all in one batch: the base's matmuls run once for every adapter
+    (peft's mixed-batch forward), and identical prompts share a prefill only under the same adapter.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for temperature 0)")
@@ -185,14 +189,21 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
                             dtype=torch.long, device=device)
     rows_prompt = torch.arange(prompt_ids.size(0), device=device).repeat_interleave(group_size)
-    distinct, prompt_of = _distinct_prompts(prompt_ids, prompt_mask)
+    codes = None
+    if adapter_names is not None:
+        if len(adapter_names) != prompt_ids.size(0):
+            raise ValueError(f"adapter_names has {len(adapter_names)} names for {prompt_ids.size(0)} prompts")
+        names = list(dict.fromkeys(adapter_names))
+        codes = torch.tensor([names.index(name) for name in adapter_names], device=device)
+    distinct, prompt_of = _distinct_prompts(prompt_ids, prompt_mask, codes)
     source = prompt_of[rows_prompt]  # each row's distinct prompt
     keys = _row_keys(row_keys, prompt_ids.size(0), group_size) if row_keys is not None and not greedy else None
     rows = torch.arange(distinct.numel(), device=device) if greedy else source  # greedy: each distinct prompt once
+    adapters = None if adapter_names is None else [adapter_names[i] for i in distinct.tolist()]
     tokens, logprobs, entropy, mask, done = _decode(
         model, prompt_ids[distinct], prompt_mask[distinct], rows, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator, keys=keys, stop_ids=stop_ids,
-        pad_token_id=pad_token_id)
+        pad_token_id=pad_token_id, adapters=adapters)
     if greedy:  # the distinct prompts' completions, copied to their rows
         tokens, logprobs, entropy, mask, done = (t[source] for t in (tokens, logprobs, entropy, mask, done))
     return Completions(prompt_ids=prompt_ids[rows_prompt], prompt_mask=prompt_mask[rows_prompt],
@@ -200,24 +211,31 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        truncated=~done, entropy=entropy, prompt_index=rows_prompt)
 
 
-def _distinct_prompts(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index of one row per distinct prompt, each prompt's distinct index): identical rows computed once."""
-    _, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
+def _distinct_prompts(ids: torch.Tensor, mask: torch.Tensor, codes: torch.Tensor | None = None):
+    """(index of one row per distinct prompt, each prompt's distinct index): identical rows computed once
+    (under the same adapter, when `codes` gives each row's adapter)."""
+    columns = [ids, mask] if codes is None else [ids, mask, codes[:, None]]
+    _, inverse = torch.unique(torch.cat(columns, dim=1), dim=0, return_inverse=True)
     order = torch.arange(ids.size(0), device=ids.device)
     first = torch.full((int(inverse.max()) + 1,), ids.size(0), dtype=torch.long, device=ids.device)
     return first.scatter_reduce(0, inverse, order, reduce="amin"), inverse
 
 
 def _decode(model, prompt_ids, prompt_mask, rows, *, max_new_tokens, temperature, top_p, greedy, generator, keys,
-            stop_ids, pad_token_id):
+            stop_ids, pad_token_id, adapters=None):
     """Prefill the prompts once, then decode `rows` (row -> its prompt) in lockstep: per row (N, C) tokens,
     logprobs, entropy, mask, and whether it stopped (N,). Batch rows are the live rows (`alive`), dropped
-    in one copy when half of them have stopped."""
+    in one copy when half of them have stopped. `adapters`: each prompt's LoRA adapter name."""
     from trainers.policy.kv_cache import preallocate
 
     device, n, width = prompt_ids.device, rows.numel(), prompt_ids.size(1)
+
+    def adapter_of(prompts):  # the forward's keyword naming each batch row's adapter (none without adapters)
+        return {} if adapters is None else {"adapter_names": [adapters[i] for i in prompts.tolist()]}
+
     out, cache = _forward_with_cache(model, None, input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     position_ids=_positions(prompt_mask), logits_to_keep=1)
+                                     position_ids=_positions(prompt_mask), logits_to_keep=1,
+                                     **adapter_of(torch.arange(prompt_ids.size(0))))
     logits = out.logits[:, -1][rows]
     if not preallocate(cache, rows, width + max_new_tokens):  # another kind of cache: expanded as it is
         cache.batch_select_indices(rows)
@@ -250,7 +268,8 @@ def _decode(model, prompt_ids, prompt_mask, rows, *, max_new_tokens, temperature
             alive, feed, attention, position = alive[keep], feed[keep], attention[keep], position[keep]
         attention[:, width + index] = 1
         out, cache = _forward_with_cache(model, cache, input_ids=feed[:, None],
-                                         attention_mask=attention[:, :width + index + 1], position_ids=position)
+                                         attention_mask=attention[:, :width + index + 1], position_ids=position,
+                                         **adapter_of(rows[alive]))
         logits, position = out.logits[:, -1], position + 1
     steps = index + 1
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps], mask[:, :steps], done
