@@ -138,8 +138,8 @@ class _Job:
 class LocalModel:
     """Holds the model and answers chat-completion payloads (independent of HTTP), batching concurrent ones."""
 
-    def __init__(self, model_dir: str | Path, name: str | None = None):
-        self.model, self.tokenizer = _load(model_dir)
+    def __init__(self, model_dir: str | Path, name: str | None = None, *, device: str = "cpu", dtype=None):
+        self.model, self.tokenizer = _load(model_dir, device=device, dtype=dtype)
         self.stop_ids = stop_token_ids(self.model, self.tokenizer)  # every end token (eos list, end of turn)
         self.name = name or Path(model_dir).name
         self.lock = threading.Lock()  # held while the model runs; whoever holds it serves the whole queue
@@ -242,8 +242,9 @@ class LocalModel:
         import torch
 
         width, pad = max(len(job.ids) for job in jobs), self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(job.ids)) + job.ids for job in jobs])
-        mask = torch.tensor([[0] * (width - len(job.ids)) + [1] * len(job.ids) for job in jobs])
+        device = next(self.model.parameters()).device  # `marl serve --device cuda` puts the model on a GPU
+        ids = torch.tensor([[pad] * (width - len(job.ids)) + job.ids for job in jobs], device=device)
+        mask = torch.tensor([[0] * (width - len(job.ids)) + [1] * len(job.ids) for job in jobs], device=device)
         first = jobs[0]
         sampling = dict(do_sample=True, temperature=first.temperature, top_p=first.top_p, top_k=0) \
             if first.temperature > 0 else dict(do_sample=False)

@@ -30,6 +30,9 @@ def add_parser(commands) -> None:
     serve.add_argument("--enable-lora", action="store_true",
                        help="allow runtime LoRA adapters (/v1/load_lora_adapter, as vLLM's --enable-lora): what "
                             "marl run's HTTP rollout engine (train.engine.kind: http) publishes its adapters through")
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto: where the model runs")
+    serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto (bfloat16 "
+                                                          "on a GPU that has it): the weights' dtype")
     serve.add_argument("--base", metavar="DIR", help="an adapter's base model directory (default: the one the "
                                                      "adapter names)")
     serve.set_defaults(handler=run)
@@ -38,18 +41,20 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
-    from trainers.policy.memory import check_model_fits
     from trainers.engine.server import ModelLoadError, check_port, serve
+    from trainers.policy.loading import placement
+    from trainers.policy.memory import check_model_fits
 
     # SIGTERM (a service manager, `kill`) unwinds like Ctrl-C, so the merged copy below is removed too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         check_port(args.port)  # before a merge, which reads the whole model
+        device, dtype = placement(args.device, args.dtype, section="serve", purpose="serve")  # one line, exit 2
         with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:
             model_dir = servable_dir(args.model_dir, args.base, Path(scratch))
-            check_model_fits(args.model_dir, model_dir)  # served in float32 on the CPU: too large is one line now
+            check_model_fits(args.model_dir, model_dir, str(dtype), device)  # too large: one line now
             serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name,
-                  enable_lora=args.enable_lora)
+                  enable_lora=args.enable_lora, device=device, dtype=dtype)
     except (ValueError, ModelLoadError, FileNotFoundError) as error:  # checked before anything is served
         raise UsageError(str(error)) from None
     except OSError as error:

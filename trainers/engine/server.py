@@ -142,7 +142,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000,
-                     name: str | None = None, *, enable_lora: bool = False) -> ThreadingHTTPServer:
+                     name: str | None = None, *, enable_lora: bool = False, device: str = "cpu",
+                     dtype=None) -> ThreadingHTTPServer:
     """An HTTP server (not yet serving) for the model; port 0 picks a free port. `enable_lora` allows
     runtime LoRA adapters (/v1/load_lora_adapter), which read a directory the client names.
 
@@ -154,7 +155,7 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     httpd = _Server((host, check_port(port)), _handler(holder))
     httpd.local_model = None  # the LocalModel, once loaded (its batch queue, for whoever embeds the server)
     try:
-        holder["model"] = LocalModel(model_dir, name)
+        holder["model"] = LocalModel(model_dir, name, device=device, dtype=dtype)
     except FileNotFoundError:
         httpd.server_close()
         raise
@@ -173,13 +174,13 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
 
 
 def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, *,
-          enable_lora: bool = False) -> None:
+          enable_lora: bool = False, device: str = "cpu", dtype=None) -> None:
     """Serve until interrupted, printing the base URL (`enable_lora`: runtime LoRA adapters, see make_http_server).
 
     Raises what make_http_server raises, before serving: ValueError (a port out of range),
     ModelLoadError, FileNotFoundError, or OSError (the address cannot be bound).
     """
-    httpd = make_http_server(model_dir, host, port, name, enable_lora=enable_lora)
+    httpd = make_http_server(model_dir, host, port, name, enable_lora=enable_lora, device=device, dtype=dtype)
     model = name or Path(model_dir).name
     lora = "; runtime LoRA adapters on" if enable_lora else ""
     print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1{lora} (Ctrl-C stops)", flush=True)
