@@ -135,6 +135,34 @@ class _Job:
         return ("sample", self.temperature, self.top_p)
 
 
+class BatchQueue:
+    """Requests wait here while the model is busy; whoever takes the model's `lock` next runs everything
+    queued by then in one `execute(batch)` call. A job has a `done` threading.Event that execute sets."""
+
+    def __init__(self, lock: threading.Lock, execute):
+        self.lock, self.execute = lock, execute
+        self._queue: list = []
+        self._queue_lock = threading.Lock()
+
+    def waiting(self) -> int:
+        """How many jobs wait for the model."""
+        with self._queue_lock:
+            return len(self._queue)
+
+    def run(self, jobs: list) -> None:
+        """Queue `jobs` and wait for them; whoever gets the model next runs everything queued by then."""
+        with self._queue_lock:
+            self._queue.extend(jobs)
+        for job in jobs:
+            while not job.done.is_set():
+                with self.lock:
+                    if job.done.is_set():  # another caller's turn ran it
+                        break
+                    with self._queue_lock:
+                        batch, self._queue = self._queue, []
+                    self.execute(batch)
+
+
 class LocalModel:
     """Holds the model and answers chat-completion payloads (independent of HTTP), batching concurrent ones."""
 
@@ -146,8 +174,7 @@ class LocalModel:
         # entered around every chat generation: the server switches runtime LoRA adapters off in it, so
         # a chat request is the base model's answer (trainers/engine/serving.py)
         self.forward_context = contextlib.nullcontext
-        self._queue: list[_Job] = []
-        self._queue_lock = threading.Lock()
+        self.batches = BatchQueue(self.lock, self._execute)
 
     def models(self) -> dict:
         """The /v1/models listing."""
@@ -155,8 +182,7 @@ class LocalModel:
 
     def queued(self) -> int:
         """How many requests wait for the model."""
-        with self._queue_lock:
-            return len(self._queue)
+        return self.batches.waiting()
 
     def _prompt_ids(self, messages: list[dict]):
         import torch
@@ -200,25 +226,12 @@ class LocalModel:
                 jobs.append((index, self._job(payload)))
             except RequestError as error:
                 answers[index] = error
-        self._run([job for _, job in jobs])
+        self.batches.run([job for _, job in jobs])
         for index, job in jobs:
             if job.error is not None:
                 raise job.error
             answers[index] = self._completion(job, payloads[index])
         return answers
-
-    def _run(self, jobs: list[_Job]) -> None:
-        """Queue `jobs` and wait for them; whoever gets the model next runs everything queued by then."""
-        with self._queue_lock:
-            self._queue.extend(jobs)
-        for job in jobs:
-            while not job.done.is_set():
-                with self.lock:
-                    if job.done.is_set():  # another caller's turn ran it
-                        break
-                    with self._queue_lock:
-                        batch, self._queue = self._queue, []
-                    self._execute(batch)
 
     def _execute(self, batch: list[_Job]) -> None:
         """Run the queued jobs, those of one group together (at most MAX_BATCH_ROWS per generate call)."""

@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from judges.model.local_backend import RequestError
+from judges.model.local_backend import BatchQueue, RequestError
 
 MAX_PROMPTS = 256  # prompts x n in one request
 MAX_N = 64
@@ -81,8 +81,7 @@ class CompletionService:
         self.adapters = None  # trainers.policy.adapters.AdapterBase, once an adapter is loaded
         self.names: dict[str, object] = {}  # loaded adapter name -> AdapterPolicy
         self.loaded_from: dict[str, str] = {}
-        self._queue: list[_Job] = []
-        self._queue_lock = threading.Lock()
+        self.batches = BatchQueue(local_model.lock, self._execute)
 
     # -- adapters -----------------------------------------------------------------------------------
 
@@ -192,24 +191,19 @@ class CompletionService:
         return prompt
 
     def _run(self, jobs: list[_Job]) -> None:
-        """Queue `jobs` and wait; whoever gets the model runs every queued job, a group per batch."""
-        with self._queue_lock:
-            self._queue.extend(jobs)
-        for job in jobs:
-            while not job.done.is_set():
-                with self.local.lock:
-                    if job.done.is_set():
-                        break
-                    with self._queue_lock:
-                        batch, self._queue = self._queue, []
-                    groups: dict[tuple, list[_Job]] = {}
-                    for waiting in batch:
-                        groups.setdefault(waiting.key, []).append(waiting)
-                    for group in groups.values():
-                        self._generate(group)
+        """Queue `jobs` and wait (batched with whatever else waits); the first failure is raised."""
+        self.batches.run(jobs)
         failed = next((job.error for job in jobs if job.error is not None), None)
         if failed is not None:
             raise failed
+
+    def _execute(self, batch: list[_Job]) -> None:
+        """Every queued job, one `sample_completions` call per group (the model lock is held)."""
+        groups: dict[tuple, list[_Job]] = {}
+        for waiting in batch:
+            groups.setdefault(waiting.key, []).append(waiting)
+        for group in groups.values():
+            self._generate(group)
 
     def _generate(self, jobs: list[_Job]) -> None:
         """One `sample_completions` call over a group of jobs (the model lock is held)."""
