@@ -163,6 +163,18 @@ class BatchQueue:
                     self.execute(batch)
 
 
+def settle(jobs: list, work) -> None:
+    """`work(jobs)`, then every job done: a failure is each waiting job's `error`, never lost, never raised here."""
+    try:
+        work(jobs)
+    except BaseException as error:  # noqa: BLE001 - each waiting request gets the failure
+        for job in jobs:
+            job.error = error
+    finally:
+        for job in jobs:
+            job.done.set()
+
+
 class LocalModel:
     """Holds the model and answers chat-completion payloads (independent of HTTP), batching concurrent ones."""
 
@@ -240,15 +252,7 @@ class LocalModel:
             groups.setdefault(job.group(), []).append(job)
         for jobs in groups.values():
             for start in range(0, len(jobs), MAX_BATCH_ROWS):
-                chunk = jobs[start:start + MAX_BATCH_ROWS]
-                try:
-                    self._generate(chunk)
-                except BaseException as error:  # noqa: BLE001 - each waiting request gets the failure
-                    for job in chunk:
-                        job.error = error
-                finally:
-                    for job in chunk:
-                        job.done.set()
+                settle(jobs[start:start + MAX_BATCH_ROWS], self._generate)
 
     def _generate(self, jobs: list[_Job]) -> None:
         """One generate call over `jobs` (left-padded rows), each job's tokens and logprobs filled in."""

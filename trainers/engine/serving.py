@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from judges.model.local_backend import BatchQueue, RequestError
+from judges.model.local_backend import BatchQueue, RequestError, settle
 
 MAX_PROMPTS = 256  # prompts x n in one request
 MAX_N = 64
@@ -203,37 +203,32 @@ class CompletionService:
         for waiting in batch:
             groups.setdefault(waiting.key, []).append(waiting)
         for group in groups.values():
-            self._generate(group)
+            settle(group, self._generate)
 
     def _generate(self, jobs: list[_Job]) -> None:
         """One `sample_completions` call over a group of jobs (the model lock is held)."""
-        try:
-            import torch
+        import torch
 
-            from trainers.policy.sampling import encode_ids, sample_completions
+        from trainers.policy.loading import model_device
+        from trainers.policy.sampling import encode_ids, sample_completions
 
-            model, n, max_tokens, temperature, top_p, greedy, stops, _ = jobs[0].key
-            policy = self.names.get(model, self.local.model)  # the base: every adapter is off (forward_context)
-            ids, mask = encode_ids([job.ids for job in jobs], self.local.tokenizer.pad_token_id)
-            seeded = not greedy and all(job.seed is not None for job in jobs)
-            generator = None if seeded else torch.Generator().manual_seed(int(time.time_ns()) % 2 ** 63)
-            with self.local.forward_context() if policy is self.local.model else nullcontext():
-                out = sample_completions(policy, ids, mask, group_size=n, max_new_tokens=max_tokens,
-                                         temperature=temperature if not greedy else 1.0, top_p=top_p,
-                                         greedy=greedy, eos_token_id=list(stops),
-                                         pad_token_id=self.local.tokenizer.pad_token_id, generator=generator,
-                                         row_keys=[job.seed for job in jobs] if seeded else None)
-            for row, (tokens, logprobs, mask_row, truncated) in enumerate(zip(
-                    out.completion_ids.tolist(), out.logprobs.tolist(), out.completion_mask.tolist(),
-                    out.truncated.tolist())):
-                length = sum(mask_row)
-                jobs[row // n].rows.append((tokens[:length], logprobs[:length], not truncated))
-        except BaseException as error:  # noqa: BLE001 - every waiting request gets the failure
-            for job in jobs:
-                job.error = error
-        finally:
-            for job in jobs:
-                job.done.set()
+        model, n, max_tokens, temperature, top_p, greedy, stops, _ = jobs[0].key
+        policy = self.names.get(model, self.local.model)  # the base: every adapter is off (forward_context)
+        ids, mask = encode_ids([job.ids for job in jobs], self.local.tokenizer.pad_token_id)
+        seeded = not greedy and all(job.seed is not None for job in jobs)
+        generator = None if seeded else torch.Generator(device=model_device(self.local.model)).manual_seed(
+            time.time_ns() % 2 ** 63)  # an unseeded request: a fresh draw, on the model's device
+        with self.local.forward_context() if policy is self.local.model else nullcontext():
+            out = sample_completions(policy, ids, mask, group_size=n, max_new_tokens=max_tokens,
+                                     temperature=temperature if not greedy else 1.0, top_p=top_p,
+                                     greedy=greedy, eos_token_id=list(stops),
+                                     pad_token_id=self.local.tokenizer.pad_token_id, generator=generator,
+                                     row_keys=[job.seed for job in jobs] if seeded else None)
+        for row, (tokens, logprobs, mask_row, truncated) in enumerate(zip(
+                out.completion_ids.tolist(), out.logprobs.tolist(), out.completion_mask.tolist(),
+                out.truncated.tolist())):
+            length = sum(mask_row)
+            jobs[row // n].rows.append((tokens[:length], logprobs[:length], not truncated))
 
     def _answer(self, payload: dict, model: str, jobs: list[_Job], n: int) -> dict:
         as_ids, with_logprobs = bool(payload.get("return_tokens_as_token_ids")), payload.get("logprobs") is not None
