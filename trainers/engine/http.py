@@ -217,6 +217,7 @@ def attach_http_engine(actors: dict, spec, out: Path, log=print) -> HttpEngine |
     served = [name for name, actor in actors.items() if hasattr(getattr(actor, "model", None), "owner")]
     for name in served:
         actors[name].engine = engine
-    log(f"engine: http at {engine.base_url} for {', '.join(served) or 'no actor'} (adapters published to "
-        f"{engine.adapters_dir} as <actor>-{engine.tag}-v<N> when their weights change)")
+    log(f"engine: http at {engine.base_url} (serving {', '.join(engine.served) or 'nothing listed'}) for "
+        f"{', '.join(served) or 'no actor'}; adapters published to {engine.adapters_dir} as "
+        f"<actor>-{engine.tag}-v<N> when their weights change")
     return engine
