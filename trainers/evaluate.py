@@ -27,6 +27,9 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     from trainers.run import base_model_dir, check_context
     from trainers.runs.checkpoint import CheckpointError
 
+    if scenario.spec.train.engine.kind != "inprocess":
+        log(f"train.engine.kind {scenario.spec.train.engine.kind} applies to marl run: this evaluation generates "
+            "in-process")
     trained = checkpoint_models(checkpoint) if checkpoint is not None else {}
     adapters = {key: directory for key, directory in trained.items() if is_adapter_dir(directory)}
     keys = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents if _model_played(a)}

@@ -71,6 +71,10 @@ def prepare(options: RunOptions, log=print):
     _probe_judges(scenario)  # a judge endpoint that is down: one line and exit 2 now, not after minutes of retries
     train = scenario.spec.train
     device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
+    if train.engine.kind == "http":  # a generation server that does not answer: exit 2 before any model is built
+        from trainers.engine.http import served_models
+
+        served_models(train.engine.url, train.engine.timeout_s)
     if train.backend == "ray":  # an unreachable cluster or too few resources: exit 2 before any model is built
         from trainers.ray.cluster import check_resources, connect
 

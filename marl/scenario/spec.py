@@ -34,7 +34,18 @@ def _http_url(url: str | None) -> str | None:
     return url
 
 
-EndpointUrl = Annotated[str | None, AfterValidator(_http_url)]  # an OpenAI-compatible endpoint's base URL
+EndpointUrl = Annotated[str | None, AfterValidator(_http_url)]
+
+
+def _tis_cap(value: float) -> float:
+    """A truncated-importance-sampling cap: 0 (off) or at least 1."""
+    if 0 < value < 1:
+        raise ValueError(f"tis_cap={value:g} would shrink every token's weight below 1: use 0 (off) or a cap >= 1 "
+                         "(2 is verl's default)")
+    return value
+
+
+TisCap = Annotated[float, AfterValidator(_tis_cap)]  # an OpenAI-compatible endpoint's base URL
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
 MAX_TASKS = 1_000_000  # tasks asked of a generator
@@ -302,7 +313,7 @@ class GRPOKnobs(Strict):
                                                        "clip-higher uses 0.28)")
     mu: int = Field(1, ge=1, description="policy updates per generated batch (old logprobs are the detached "
                                          "current ones when 1)")
-    tis_cap: float = Field(2.0, ge=0, description="truncated importance sampling: when samples come from another "
+    tis_cap: TisCap = Field(2.0, ge=0, description="truncated importance sampling: when samples come from another "
                                                   "forward than the trainer's (the HTTP engine, Ray with "
                                                   "max_staleness > 0), each token's loss is weighed by "
                                                   "min(p_trainer / p_sampler, tis_cap); 0 turns the correction off")
@@ -415,6 +426,7 @@ class TrainSpec(TrainKnobs):
 
     @model_validator(mode="after")
     def _http_engine_serves_adapters(self) -> TrainSpec:
+        _http_url(self.engine.url)
         if self.engine.kind == "http" and self.lora is None:
             raise ValueError("engine.kind http publishes LoRA adapters to the server: set train.lora (e.g. "
                              "--set train.lora.r=16); full-weight sync to a generation server is not supported yet")

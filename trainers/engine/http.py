@@ -29,6 +29,7 @@ from pathlib import Path
 from trainers.engine.base import EngineError, SamplingSettings, StaleAdapterError, adapter_name
 
 MAX_CONCURRENT = 64  # requests in flight at once
+LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for a probability of 0
 TRANSPORT_ATTEMPTS = 3  # tries of a request whose connection failed (not of one the server answered)
 
 
@@ -56,18 +57,7 @@ class HttpEngine:
         self.tag = tag or secrets.token_hex(3)
         self.client = httpx.Client(base_url=self.base_url, timeout=timeout)
         self.published: dict[str, tuple[int, str, str]] = {}  # actor -> (version, digest, served name)
-        self.served = self._served_models()
-
-    def _served_models(self) -> list[str]:
-        """The server's model names (GET /models): an EngineError saying how to start one when none answers."""
-        try:
-            reply = self.client.get("/models")
-            reply.raise_for_status()
-            return [entry["id"] for entry in reply.json()["data"]]
-        except Exception as error:  # noqa: BLE001 - any failure here means: no usable server at that address
-            raise EngineError(f"train.engine.url {self.base_url}: no OpenAI-compatible server answers there "
-                              f"({type(error).__name__}: {' '.join(str(error).split())[:160]}); start one first: "
-                              "marl serve MODEL --enable-lora --port 8000 (or vllm serve MODEL --enable-lora)") from None
+        self.served = served_models(self.base_url, timeout, self.client)
 
     # -- publishing adapters ------------------------------------------------------------------------
 
@@ -126,22 +116,36 @@ class HttpEngine:
         """One completion per prompt from the server, with the actor's current adapter version."""
         import torch
 
+        from trainers.policy.loading import model_device
+
         name = self.publish(actor, policy)
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         if keys is None and not settings.greedy:
-            keys = torch.randint(0, 2 ** 62, (len(prompts),), generator=generator).tolist()
+            device = generator.device if generator is not None else "cpu"
+            keys = torch.randint(0, 2 ** 62, (len(prompts),), generator=generator, device=device).tolist()
         bodies = [{"model": name, "prompt": ids, "n": 1, "max_tokens": settings.max_new_tokens,
                    "temperature": 0.0 if settings.greedy else settings.temperature, "top_p": settings.top_p,
                    "logprobs": 1, "stop_token_ids": list(settings.stop_ids), "return_tokens_as_token_ids": True,
                    "skip_special_tokens": False, **({} if settings.greedy else {"seed": int(keys[row])})}
                   for row, ids in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT, len(bodies))) as pool:
-            replies = list(pool.map(lambda body: self._post("/completions", body, "generate").json(), bodies))
+            replies = list(pool.map(lambda body: self._post("/completions", body, "generate"), bodies))
         rows = [self._row(reply, name, settings) for reply in replies]
-        return self._completions(prompt_ids, prompt_mask, rows, settings, self.published[actor][0])
+        device = model_device(policy)  # where the learner trains: the rows go there, as in-process ones do
+        return self._completions(prompt_ids.to(device), prompt_mask.to(device), rows, settings,
+                                 self.published[actor][0])
 
-    def _row(self, reply: dict, name: str, settings: SamplingSettings) -> tuple[list[int], list[float], bool]:
-        """(tokens, logprobs, ended) of one reply, checked: it names the asked adapter and carries token ids."""
+    def _row(self, reply, name: str, settings: SamplingSettings) -> tuple[list[int], list[float], bool]:
+        """(tokens, logprobs, ended) of one reply, checked: it names the asked adapter and carries token ids;
+        anything else the server sent is one EngineError line."""
+        try:
+            reply = reply.json()
+            return self._parsed_row(reply, name, settings)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+            raise EngineError(f"{self.base_url}/completions: a reply marl cannot read ({type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:160]})") from None
+
+    def _parsed_row(self, reply: dict, name: str, settings: SamplingSettings) -> tuple[list[int], list[float], bool]:
         if reply.get("model") != name:
             raise StaleAdapterError(f"asked {self.base_url} for adapter {name!r}, and the reply came from "
                                     f"{reply.get('model')!r}: refusing a sample from other weights")
@@ -151,7 +155,12 @@ class HttpEngine:
             raise EngineError(f"{self.base_url}: the reply has no token ids (the server must honour "
                               "return_tokens_as_token_ids and logprobs, as vLLM and marl serve do)")
         tokens = [int(t.split(":", 1)[1]) for t in spelled]
-        logprobs = [float("nan") if lp is None else float(lp) for lp in choice["logprobs"]["token_logprobs"]]
+        # a logprob the server did not send, or sent as its floor (-9999, -inf: a probability it rounded to 0),
+        # is unknown (NaN): the learner weighs such a token 1, never by an infinite ratio
+        logprobs = [float(lp) if isinstance(lp, int | float) and LOGPROB_FLOOR < lp <= 0 else float("nan")
+                    for lp in choice["logprobs"]["token_logprobs"]]
+        if len(logprobs) != len(tokens):
+            raise EngineError(f"{self.base_url}: {len(tokens)} tokens but {len(logprobs)} logprobs in one reply")
         ended = choice.get("finish_reason") == "stop"
         if ended and (not tokens or tokens[-1] not in settings.stop_ids):  # a server that drops the end token:
             stop = choice.get("stop_reason")                                 # put it back, its logprob unknown
@@ -205,6 +214,25 @@ def _message(reply) -> str:
     except ValueError:
         text = None
     return " ".join(str(text or reply.text).split())[:300]
+
+
+def served_models(base_url: str, timeout: float = 30.0, client=None) -> list[str]:
+    """The server's model names (GET /models); an EngineError saying how to start one when none answers.
+    `marl run` asks before it builds any model, so a server that is not there costs nothing."""
+    import httpx
+
+    try:
+        if client is None:
+            with httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout) as probe:
+                reply = probe.get("/models")
+        else:
+            reply = client.get("/models")
+        reply.raise_for_status()
+        return [entry["id"] for entry in reply.json()["data"]]
+    except Exception as error:  # noqa: BLE001 - any failure here means: no usable server at that address
+        raise EngineError(f"train.engine.url {base_url}: no OpenAI-compatible server answers there "
+                          f"({type(error).__name__}: {' '.join(str(error).split())[:160]}); start one first: "
+                          "marl serve MODEL --enable-lora --port 8000 (or vllm serve MODEL --enable-lora)") from None
 
 
 def attach_http_engine(actors: dict, spec, out: Path, log=print) -> HttpEngine | None:

@@ -42,6 +42,9 @@ from pathlib import Path
 from judges.model.local_backend import LocalModel, RequestError
 
 
+MAX_BODY_BYTES = 32 * 2 ** 20  # a request body larger than this is refused before it is read
+REQUEST_TIMEOUT_S = 120  # seconds a connection may stay silent
+
 ROUTES = {"chat/completions": "chat", "completions": "complete", "load_lora_adapter": "load_adapter",
           "unload_lora_adapter": "unload_adapter"}  # POST path (after /v1/) -> the method answering it
 
@@ -56,6 +59,8 @@ def _handler(holder: dict):
     """A request handler class serving holder["model"] and holder["service"] (set once the model is loaded)."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # a client that stops sending (a short body) frees its thread after this
+
         def log_message(self, *args):  # quiet: one line per request is noise for a judge endpoint
             pass
 
@@ -95,6 +100,9 @@ def _handler(holder: dict):
                 return self._error(404, "not_found_error", f"no route {self.path}")
             try:
                 length = int(self.headers.get("Content-Length", 0))
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    return self._error(413 if length > 0 else 400, "invalid_request_error",
+                                       f"Content-Length {length}: a body is 0 to {MAX_BODY_BYTES} bytes")
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(payload, dict):
                     raise RequestError(400, "invalid_request_error", "the body must be a JSON object")
@@ -183,6 +191,9 @@ def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, name
     httpd = make_http_server(model_dir, host, port, name, enable_lora=enable_lora, device=device, dtype=dtype)
     model = name or Path(model_dir).name
     lora = "; runtime LoRA adapters on" if enable_lora else ""
+    if enable_lora and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: --enable-lora on {host}: any client that reaches this address can make the server read "
+              "an adapter directory it names; bind 127.0.0.1 unless the network is yours", flush=True)
     print(f"serving {model} at http://{host}:{httpd.server_address[1]}/v1{lora} (Ctrl-C stops)", flush=True)
     try:
         httpd.serve_forever()

@@ -36,6 +36,7 @@ from pathlib import Path
 from judges.model.local_backend import BatchQueue, RequestError, settle
 
 MAX_PROMPTS = 256  # prompts x n in one request
+MAX_BATCH_ROWS = 64  # completions decoded in one sample_completions call (waiting requests are chunked)
 MAX_N = 64
 
 
@@ -95,9 +96,6 @@ class CompletionService:
     def load_adapter(self, payload: dict) -> str:
         """Load the adapter directory `lora_path` as `lora_name` (a RequestError says why it cannot be)."""
         name, directory = self._adapter_request(payload, "lora_path")
-        if name in self.names or name == self.local.name:
-            raise _bad(f"the adapter {name!r} is already loaded; a name is loaded once (publish a new version "
-                       "under a new name, or unload it first)")
         directory = Path(directory)
         if not (directory / "adapter_config.json").is_file():
             raise _bad(f"lora_path {directory}: not a LoRA adapter directory (no adapter_config.json)")
@@ -106,24 +104,30 @@ class CompletionService:
                        "loaded, never a pickle)")
         from trainers.policy.adapters import AdapterBase, AdapterBaseError
 
-        with self.local.lock:  # loading changes the model every request runs on
+        with self.local.lock:  # loading changes the model every request runs on; names are checked under it too
+            if name in self.names or name == self.local.name:
+                raise _bad(f"the adapter {name!r} is already loaded; a name is loaded once (publish a new "
+                           "version under a new name, or unload it first)")
             try:
                 if self.adapters is None:
                     self.adapters = AdapterBase(self.local.model, self.model_dir, self.local.tokenizer)
-                    self.local.forward_context = self._base_only
                 self.names[name] = self.adapters.load(name, directory, trainable=False)
-            except AdapterBaseError as error:
-                raise _bad(str(error)) from None
+            except (AdapterBaseError, ValueError, OSError) as error:
+                raise _bad(f"lora_path {directory}: {' '.join(str(error).split())[:300]}") from None
+            finally:
+                if self.adapters is not None and self.adapters.peft is None:  # the first load failed: no peft yet
+                    self.adapters = None
+            self.local.forward_context = self._base_only  # chat requests: the base, adapters off
             self.loaded_from[name] = str(directory)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload_adapter(self, payload: dict) -> str:
         """Drop the adapter `lora_name` (404 when none of that name is loaded)."""
         name, _ = self._adapter_request(payload, None)
-        if name not in self.names:
-            raise RequestError(404, "not_found_error", f"the adapter {name!r} cannot be found (loaded: "
-                                                       f"{', '.join(self.names) or 'none'})")
         with self.local.lock:
+            if name not in self.names:
+                raise RequestError(404, "not_found_error", f"the adapter {name!r} cannot be found (loaded: "
+                                                           f"{', '.join(self.names) or 'none'})")
             del self.names[name], self.loaded_from[name]
             with warnings.catch_warnings():  # peft says which adapter it made active instead: no news here
                 warnings.simplefilter("ignore", UserWarning)
@@ -165,8 +169,14 @@ class CompletionService:
         if payload.get("logprobs") is not None and payload.get("logprobs") not in (0, 1):
             raise _bad(f"logprobs must be 0 or 1, got {payload.get('logprobs')!r}: marl serve returns the sampled "
                        "token's logprob only (/v1/chat/completions has top_logprobs)")
-        temperature = _fraction(payload, "temperature", 1.0, 0.0, 2.0)
-        key = (model, n, _integer(payload, "max_tokens", 16, 1, 4096), temperature,
+        temperature = _fraction(payload, "temperature", 1.0, 0.0, 100.0)
+        max_tokens = _integer(payload, "max_tokens", 16, 1, 4096)
+        context = getattr(self.local.model.config, "max_position_embeddings", None)
+        longest = max(len(ids) for ids in prompts)
+        if context and longest + max_tokens > context:
+            raise _bad(f"a prompt of {longest} tokens plus max_tokens={max_tokens} is more than the model's "
+                       f"context of {context} tokens; shorten the prompt or lower max_tokens")
+        key = (model, n, max_tokens, temperature,
                _fraction(payload, "top_p", 1.0, 1e-6, 1.0), temperature == 0,
                tuple(sorted({*stops, *self.local.stop_ids})))
         seed = _integer(payload, "seed", 0, 0, 2 ** 63 - 1) if payload.get("seed") is not None else None
@@ -203,7 +213,9 @@ class CompletionService:
         for waiting in batch:
             groups.setdefault(waiting.key, []).append(waiting)
         for group in groups.values():
-            settle(group, self._generate)
+            rows = max(1, MAX_BATCH_ROWS // group[0].key[1])  # n completions per job
+            for start in range(0, len(group), rows):
+                settle(group[start:start + rows], self._generate)
 
     def _generate(self, jobs: list[_Job]) -> None:
         """One `sample_completions` call over a group of jobs (the model lock is held)."""
@@ -213,6 +225,8 @@ class CompletionService:
         from trainers.policy.sampling import encode_ids, sample_completions
 
         model, n, max_tokens, temperature, top_p, greedy, stops, _ = jobs[0].key
+        if model != self.local.name and model not in self.names:  # unloaded while the request waited
+            raise RequestError(404, "not_found_error", f"model {model!r} was unloaded before it could answer")
         policy = self.names.get(model, self.local.model)  # the base: every adapter is off (forward_context)
         ids, mask = encode_ids([job.ids for job in jobs], self.local.tokenizer.pad_token_id)
         seeded = not greedy and all(job.seed is not None for job in jobs)

@@ -296,7 +296,9 @@ class MultiAgentTrainer:
             for turn in episode.turns:
                 if turn.agent == agent and turn.actor is not None:
                     rows = batch.generations[turn.actor][turn.batch]
-                    scores.append(masked_mean(rows.logprobs[turn.row], rows.completion_mask[turn.row]).item())
+                    logprobs = rows.logprobs[turn.row]
+                    known = rows.completion_mask[turn.row] * ~torch.isnan(logprobs)  # a server may not send all
+                    scores.append(masked_mean(torch.nan_to_num(logprobs), known).item())
             values.append(statistics.fmean(scores) if scores else -math.inf)
         return values
 

@@ -266,3 +266,88 @@ def test_a_model_actor_generates_through_its_engine(server, trained_adapter, tmp
     a = local.act(requests, max_new_tokens=6, keys=[11, 12, 13, 14])
     b = remote.act(requests, max_new_tokens=6, keys=[11, 12, 13, 14])
     assert a.texts == b.texts and b.completions.version is not None
+
+
+def test_a_failed_first_adapter_load_leaves_the_base_served(server, real_model_dirs, tmp_path):
+    """An adapter of another base is refused; the chat endpoint (the judge's) keeps answering afterwards."""
+    url, _ = server
+    model, tokenizer = load_policy(real_model_dirs["llama"])
+    AdapterBase(model, real_model_dirs["llama"], tokenizer).add("x", LoraSpec(r=4)).save_pretrained(tmp_path / "other")
+    refused = httpx.post(f"{url}/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path / "other")})
+    assert refused.status_code == 400
+    chat = httpx.post(f"{url}/chat/completions", json={"model": "base", "max_tokens": 2, "temperature": 0,
+                                                       "messages": [{"role": "user", "content": "1+1="}]})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_the_server_refuses_oversized_bodies_and_prompts_past_the_context(server):
+    import socket
+
+    url, httpd = server
+    too_long = [5] * int(httpd.local_model.model.config.max_position_embeddings)
+    reply = httpx.post(f"{url}/completions", json={"model": "base", "prompt": too_long, "max_tokens": 4})
+    assert reply.status_code == 400 and "context" in reply.json()["error"]["message"]
+    port = httpd.server_address[1]
+    for length, status in (("-1", 400), (str(64 * 2 ** 20), 413)):  # nothing of the body is read
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+            assert connection.recv(200).split(b" ")[1] == str(status).encode()
+
+
+def _fake_server(answer: bytes):
+    """A server answering every completion with `answer` (raw bytes): (url, server)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Fake(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _reply(self, data: bytes):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._reply(b'{"data": [{"id": "base"}]}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply(answer if self.path.endswith("/completions") else b"ok")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_address[1]}/v1", httpd
+
+
+@pytest.mark.parametrize("answer", [b"not json", b'{"model": "solver-f-v0"}', b'{"model": "solver-f-v0", "choices": []}'])
+def test_a_reply_marl_cannot_read_is_one_engine_error(trained_adapter, tmp_path, answer):
+    url, httpd = _fake_server(answer)
+    try:
+        policy, tokenizer = trained_adapter
+        engine = HttpEngine(url, tmp_path / "a", tag="f")
+        ids, mask = encode_prompts(tokenizer, PROMPTS[:1])
+        with pytest.raises(EngineError, match="a reply marl cannot read"):
+            engine.generate("solver", policy, ids, mask, _settings(tokenizer, greedy=True))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_floored_or_missing_logprobs_are_unknown_never_infinite(trained_adapter, tmp_path):
+    """vLLM and OpenAI send -9999 for a probability they rounded to 0: that is no ratio to weigh a token by."""
+    import json
+
+    reply = {"model": "solver-f-v0", "choices": [{"finish_reason": "length", "logprobs": {
+        "tokens": ["token_id:5", "token_id:6", "token_id:7"], "token_logprobs": [-0.5, -9999.0, None]}}]}
+    url, httpd = _fake_server(json.dumps(reply).encode())
+    try:
+        policy, tokenizer = trained_adapter
+        engine = HttpEngine(url, tmp_path / "a", tag="f")
+        ids, mask = encode_prompts(tokenizer, PROMPTS[:1])
+        out = engine.generate("solver", policy, ids, mask, _settings(tokenizer))
+        assert out.completion_ids[0].tolist() == [5, 6, 7]
+        assert out.logprobs[0, 0].item() == -0.5 and torch.isnan(out.logprobs[0, 1:]).all()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
