@@ -25,7 +25,9 @@ def _args(*extra: str) -> list[str]:
 
 def _metrics(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/"))} for row in rows]
+    # engine/*: the sampler/trainer logprob mismatch, float rounding that depends on how the sampler batched the
+    # rows (workers batch episodes differently); the samples, rewards, credit and update are compared exactly
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/", "engine/"))} for row in rows]
 
 
 def test_a_ray_run_logs_what_a_local_run_logs_and_resumes_on_the_local_backend(demo_model_dir, tmp_path, capsys):
@@ -142,7 +144,8 @@ def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_di
                 if backend == "ray":
                     trainer.player.close()
                     shutdown()
-            results[backend] = [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/"))} for row in rows]
+            results[backend] = [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/", "engine/"))}
+                                for row in rows]  # engine/*: see _metrics
         assert server.requests == 2 * 2 * 8  # right speaks once in each of the 8 episodes of 2 steps, per backend
     assert results["ray"] == results["local"]
 

@@ -22,6 +22,7 @@ NOT_DEFAULT = {
     "weight_decay": ("0.01", 0.01), "adam_betas": ("[0.8, 0.99]", (0.8, 0.99)), "adam_eps": ("1.0e-6", 1e-6),
     "max_grad_norm": ("0.5", 0.5), "loss_type": ("grpo", "grpo"), "scale_rewards": ("batch", "batch"),
     "beta": ("0.04", 0.04), "ref_update_every": ("5", 5), "epsilon_low": ("0.1", 0.1), "epsilon_high": ("0.28", 0.28), "mu": ("2", 2),
+    "tis_cap": ("3.0", 3.0),
     "spike_factor": ("5.0", 5.0), "spike_window": ("7", 7), "spike_on_loss": ("true", True),
     "floor_reward": ("0.0", 0.0), "diversity_threshold": ("0.7", 0.7), "diversity_penalty": ("0.1", 0.1),
     "collapse_threshold": ("0.95", 0.95), "buckets": ("2", 2), "bucket_ema": ("0.2", 0.2), "seed": ("5", 5),
