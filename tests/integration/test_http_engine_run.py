@@ -21,10 +21,13 @@ SMALL = ["train.stages=[main]", "train.steps=4", "train.group_size=4", "train.pr
 
 
 @pytest.fixture
-def server():
+def server(demo_model_dir):
+    """`marl serve --enable-lora` of relay's base model (the demo model: asking for the fixture orders this test
+    after the session's background build of it, tests/conftest.py)."""
     from trainers.engine.server import make_http_server
 
     base = base_model_dir(load_scenario("relay"), None, log=lambda *_: None)
+    assert base == demo_model_dir
     httpd = make_http_server(base, port=0, name="tiny", enable_lora=True)
     loaded: list[str] = []
     load = httpd.service.load_adapter

@@ -48,11 +48,10 @@ def test_mixed_batch_logits_equal_each_adapters_own_forward(real_model_dirs):
 
 
 @pytest.fixture
-def own_team():
+def own_team(demo_model_dir):
+    """relay with three `own` LoRA agents on the demo model (relay's base), their adapters nudged apart."""
     scenario = load_scenario("relay", OWN_LORA)
-    from trainers.run import base_model_dir
-
-    actors, seats = build_actors(scenario, base_model_dir(scenario, None, log=lambda *_: None), seed=0)
+    actors, seats = build_actors(scenario, demo_model_dir, seed=0)
     _nudge([actors[name].model for name in ("left", "right", "final")])
     return scenario, actors, seats
 
