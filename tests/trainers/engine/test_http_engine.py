@@ -127,42 +127,12 @@ def test_a_version_the_server_does_not_hold_is_refused_not_sampled(server, train
 
 def test_a_reply_from_another_model_is_refused(trained_adapter, tmp_path):
     """A server that answers for another model than the one asked (a proxy that falls back to the base)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import json
 
-    class Liar(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _json(self, body):
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            self._json({"data": [{"id": "base"}]})
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            if self.path.endswith("/completions"):
-                self._json({"model": "base", "choices": [{"logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]},
-                                                           "finish_reason": "length"}]})
-            else:
-                self._json({})
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        policy, tokenizer = trained_adapter
-        engine = HttpEngine(f"http://127.0.0.1:{httpd.server_address[1]}/v1", tmp_path / "a", tag="x")
-        ids, mask = encode_prompts(tokenizer, PROMPTS[:1])
-        with pytest.raises(StaleAdapterError, match="came from 'base'"):
-            engine.generate("solver", policy, ids, mask, _settings(tokenizer, greedy=True))
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    reply = {"model": "base", "choices": [{"logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]},
+                                           "finish_reason": "length"}]}
+    with pytest.raises(StaleAdapterError, match="came from 'base'"):
+        _ask_fake_server(json.dumps(reply).encode(), trained_adapter, tmp_path, tag="x")
 
 
 def test_no_server_is_one_line_saying_how_to_start_one(tmp_path):
@@ -320,18 +290,23 @@ def _fake_server(answer: bytes):
     return f"http://127.0.0.1:{httpd.server_address[1]}/v1", httpd
 
 
-@pytest.mark.parametrize("answer", [b"not json", b'{"model": "solver-f-v0"}', b'{"model": "solver-f-v0", "choices": []}'])
-def test_a_reply_marl_cannot_read_is_one_engine_error(trained_adapter, tmp_path, answer):
+def _ask_fake_server(answer: bytes, trained_adapter, tmp_path, *, tag: str, greedy: bool = True):
+    """One HttpEngine.generate of the first prompt against a server that answers `answer`."""
     url, httpd = _fake_server(answer)
     try:
         policy, tokenizer = trained_adapter
-        engine = HttpEngine(url, tmp_path / "a", tag="f")
+        engine = HttpEngine(url, tmp_path / "a", tag=tag)
         ids, mask = encode_prompts(tokenizer, PROMPTS[:1])
-        with pytest.raises(EngineError, match="a reply marl cannot read"):
-            engine.generate("solver", policy, ids, mask, _settings(tokenizer, greedy=True))
+        return engine.generate("solver", policy, ids, mask, _settings(tokenizer, greedy=greedy))
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.parametrize("answer", [b"not json", b'{"model": "solver-f-v0"}', b'{"model": "solver-f-v0", "choices": []}'])
+def test_a_reply_marl_cannot_read_is_one_engine_error(trained_adapter, tmp_path, answer):
+    with pytest.raises(EngineError, match="a reply marl cannot read"):
+        _ask_fake_server(answer, trained_adapter, tmp_path, tag="f")
 
 
 def test_floored_or_missing_logprobs_are_unknown_never_infinite(trained_adapter, tmp_path):
@@ -340,14 +315,6 @@ def test_floored_or_missing_logprobs_are_unknown_never_infinite(trained_adapter,
 
     reply = {"model": "solver-f-v0", "choices": [{"finish_reason": "length", "logprobs": {
         "tokens": ["token_id:5", "token_id:6", "token_id:7"], "token_logprobs": [-0.5, -9999.0, None]}}]}
-    url, httpd = _fake_server(json.dumps(reply).encode())
-    try:
-        policy, tokenizer = trained_adapter
-        engine = HttpEngine(url, tmp_path / "a", tag="f")
-        ids, mask = encode_prompts(tokenizer, PROMPTS[:1])
-        out = engine.generate("solver", policy, ids, mask, _settings(tokenizer))
-        assert out.completion_ids[0].tolist() == [5, 6, 7]
-        assert out.logprobs[0, 0].item() == -0.5 and torch.isnan(out.logprobs[0, 1:]).all()
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    out = _ask_fake_server(json.dumps(reply).encode(), trained_adapter, tmp_path, tag="f", greedy=False)
+    assert out.completion_ids[0].tolist() == [5, 6, 7]
+    assert out.logprobs[0, 0].item() == -0.5 and torch.isnan(out.logprobs[0, 1:]).all()
