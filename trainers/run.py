@@ -248,20 +248,21 @@ def run_scenario(options: RunOptions, log=print) -> dict:
             shutdown(only_if_started_here=True)
             raise
         out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        engine = None
         try:
             from trainers.engine.http import attach_http_engine
 
-            trainer.engine = attach_http_engine(trainer.actors, scenario.spec.train.engine, out, log)
+            engine = attach_http_engine(trainer.actors, scenario.spec.train.engine, out, log)
             with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
                 return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
         finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
-            _close_backend(trainer)
+            _close_backend(trainer, engine)
 
 
-def _close_backend(trainer) -> None:
+def _close_backend(trainer, engine=None) -> None:
     """Unload the HTTP engine's adapters; stop the Ray backend's workers and the cluster this run started."""
-    if getattr(trainer, "engine", None) is not None:
-        trainer.engine.close()
+    if engine is not None:
+        engine.close()
     close = getattr(trainer.player, "close", None)
     if close is not None:
         from trainers.ray.cluster import shutdown

@@ -73,7 +73,7 @@ def _plain(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _number(payload: dict, name: str, default: float, low: float, high: float) -> float:
+def checked_number(payload: dict, name: str, default: float, low: float, high: float) -> float:
     """payload[name] as a finite number in [low, high], else a 400 RequestError naming the range."""
     value = payload.get(name)
     value = default if value is None else value
@@ -86,12 +86,12 @@ def _number(payload: dict, name: str, default: float, low: float, high: float) -
 def _sampling(payload: dict) -> tuple[int, float, float]:
     """(max_tokens, temperature, top_p) of a request, each checked (a 400 RequestError when out of range)."""
     tokens_key = "max_tokens" if payload.get("max_tokens") is not None else "max_completion_tokens"
-    max_tokens = _number(payload, tokens_key, 16, 1, MAX_TOKENS_LIMIT)
+    max_tokens = checked_number(payload, tokens_key, 16, 1, MAX_TOKENS_LIMIT)
     if not max_tokens.is_integer():
         raise RequestError(400, "invalid_request_error", f"{tokens_key} must be an integer, got {max_tokens!r}")
-    _number(payload, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
-    temperature = _number(payload, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(payload, "top_p", 1.0, 1e-6, 1.0)
+    checked_number(payload, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    temperature = checked_number(payload, "temperature", 1.0, 0.0, 2.0)
+    top_p = checked_number(payload, "top_p", 1.0, 1e-6, 1.0)
     return int(max_tokens), temperature, top_p
 
 
@@ -106,7 +106,7 @@ def _logit_bias(payload: dict, vocabulary: int) -> dict[int, float]:
         if token is None or not 0 <= token < vocabulary:
             raise RequestError(400, "invalid_request_error", f"logit_bias: {key!r} is not a token id of this model "
                                                              f"(0 to {vocabulary - 1})")
-        bias[token] = _number({"logit_bias": value}, "logit_bias", 0, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        bias[token] = checked_number({"logit_bias": value}, "logit_bias", 0, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
     return bias
 
 
@@ -216,7 +216,7 @@ class LocalModel:
                                                        f"this server serves {self.name!r}")
         ids = self._prompt_ids(payload.get("messages"))[0].tolist()
         max_tokens, temperature, top_p = _sampling(payload)
-        seed = int(_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)) if payload.get("seed") is not None else None
+        seed = int(checked_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)) if payload.get("seed") is not None else None
         bias = _logit_bias(payload, int(self.model.config.vocab_size))
         top = int(payload.get("top_logprobs") or 0) if payload.get("logprobs") else None
         return _Job(ids, max_tokens, temperature, top_p, seed, bias, top)

@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from judges.model.local_backend import BatchQueue, RequestError, settle
+from judges.model.local_backend import BatchQueue, RequestError, checked_number, settle
 
 MAX_PROMPTS = 256  # prompts x n in one request
 MAX_BATCH_ROWS = 64  # completions decoded in one sample_completions call (waiting requests are chunked)
@@ -50,14 +50,6 @@ def _integer(payload: dict, name: str, default: int, low: int, high: int) -> int
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise _bad(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return value
-
-
-def _fraction(payload: dict, name: str, default: float, low: float, high: float) -> float:
-    value = payload.get(name)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise _bad(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
-    return float(value)
 
 
 @dataclass(eq=False)
@@ -169,7 +161,7 @@ class CompletionService:
         if payload.get("logprobs") is not None and payload.get("logprobs") not in (0, 1):
             raise _bad(f"logprobs must be 0 or 1, got {payload.get('logprobs')!r}: marl serve returns the sampled "
                        "token's logprob only (/v1/chat/completions has top_logprobs)")
-        temperature = _fraction(payload, "temperature", 1.0, 0.0, 100.0)
+        temperature = checked_number(payload, "temperature", 1.0, 0.0, 100.0)
         max_tokens = _integer(payload, "max_tokens", 16, 1, 4096)
         context = getattr(self.local.model.config, "max_position_embeddings", None)
         longest = max(len(ids) for ids in prompts)
@@ -177,7 +169,7 @@ class CompletionService:
             raise _bad(f"a prompt of {longest} tokens plus max_tokens={max_tokens} is more than the model's "
                        f"context of {context} tokens; shorten the prompt or lower max_tokens")
         key = (model, n, max_tokens, temperature,
-               _fraction(payload, "top_p", 1.0, 1e-6, 1.0), temperature == 0,
+               checked_number(payload, "top_p", 1.0, 1e-6, 1.0), temperature == 0,
                tuple(sorted({*stops, *self.local.stop_ids})))
         seed = _integer(payload, "seed", 0, 0, 2 ** 63 - 1) if payload.get("seed") is not None else None
         jobs = [_Job(model, ids, (*key, seed is not None), seed) for ids in prompts]  # seeded rows batch apart

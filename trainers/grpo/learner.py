@@ -103,8 +103,7 @@ class PolicyLearner:
         parts = microbatches(rows, row_adv, weights, cfg.max_tokens_per_microbatch, cfg.loss_type)
         correct = offpolicy and cfg.tis_cap > 0
         if offpolicy and not correct:  # no TIS: the clipped ratio is against the sampler (unknown: the trainer's)
-            old = [_sampler_or(p.rows.logprobs, _no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing))
-                   for p in parts]
+            old = [self._sampler_or_trainer(p.rows) for p in parts]
         else:
             old = None if cfg.mu == 1 else [_no_grad_logprobs(self.model, p.rows, cfg.temperature, cfg.packing)
                                             for p in parts]
@@ -152,6 +151,15 @@ class PolicyLearner:
             total += loss.item()
             results.append(stats)
         return total, results[0] if len(parts) == 1 else _merge_stats(results, parts)
+
+    def _sampler_or_trainer(self, rows: Completions) -> torch.Tensor:
+        """The sampler's logprobs of `rows`; where it sent none (NaN), the trainer's own, computed only then."""
+        sampler = rows.logprobs.float()
+        unknown = torch.isnan(sampler)
+        if not bool(unknown.any()):
+            return sampler
+        return torch.where(unknown, _no_grad_logprobs(self.model, rows, self.config.temperature, self.config.packing),
+                           sampler)
 
     def keep_clock(self) -> dict[str, float]:
         """A step without samples or signal: the optimizer and lr schedule still advance one step,
@@ -298,12 +306,6 @@ def microbatches(rows: Completions, advantages: torch.Tensor, weights: torch.Ten
         share = loss_normaliser(part.completion_mask, loss_type, weights[index]) / whole
         parts.append(MicroBatch(part, advantages[index], weights[index], share))
     return parts
-
-
-def _sampler_or(sampler: torch.Tensor, trainer: torch.Tensor) -> torch.Tensor:
-    """The sampler's logprobs, the trainer's where the sampler sent none (NaN)."""
-    sampler = sampler.float()
-    return torch.where(torch.isnan(sampler), trainer, sampler)
 
 
 def _merge_stats(stats: list, parts: list[MicroBatch]):

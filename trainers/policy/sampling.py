@@ -193,8 +193,8 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     if adapter_names is not None:
         if len(adapter_names) != prompt_ids.size(0):
             raise ValueError(f"adapter_names has {len(adapter_names)} names for {prompt_ids.size(0)} prompts")
-        names = list(dict.fromkeys(adapter_names))
-        codes = torch.tensor([names.index(name) for name in adapter_names], device=device)
+        code = {name: index for index, name in enumerate(dict.fromkeys(adapter_names))}
+        codes = torch.tensor([code[name] for name in adapter_names], device=device)
     distinct, prompt_of = _distinct_prompts(prompt_ids, prompt_mask, codes)
     source = prompt_of[rows_prompt]  # each row's distinct prompt
     keys = _row_keys(row_keys, prompt_ids.size(0), group_size) if row_keys is not None and not greedy else None

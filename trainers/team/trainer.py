@@ -194,7 +194,7 @@ class MultiAgentTrainer:
         scored = time.perf_counter()
         updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale,
                                         offpolicy=bool(lag.get("ray/offpolicy_samples"))
-                                        or getattr(getattr(self.actors[name], "engine", None), "offpolicy", False))
+                                        or self.actors[name].engine.offpolicy)
                    if self._has_samples(batch, name) else learner.keep_clock()
                    for name, learner in self.learners.items()}
         self._record_results(tasks, batch, credits, opponent)

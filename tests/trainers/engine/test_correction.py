@@ -110,3 +110,20 @@ def test_an_off_policy_update_whose_sampler_disagrees_is_corrected_and_reported(
     # every token weighed by 1.5: the loss is 1.5 times the on-policy loss
     assert off["loss"] == pytest.approx(1.5 * on["loss"], rel=1e-5)
     assert any(not torch.equal(off_weights[n], on_weights[n]) for n in on_weights)
+
+
+def test_without_tis_the_clipped_ratio_is_against_the_sampler_and_unknown_logprobs_are_the_trainers(micro_policy):
+    """tis_cap 0: the old policy is the sampler's logprobs; where the sampler sent none (NaN), the trainer's own.
+    A sampler that agrees, with or without gaps, gives the on-policy update."""
+    model, completions, advantages = _batch(micro_policy)
+    with torch.no_grad():
+        exact = completion_logprobs(model, completions)
+    gaps = exact.clone()
+    gaps[:, 1] = float("nan")
+    on, on_weights = _update(model, dataclasses.replace(completions, logprobs=exact), advantages, offpolicy=False)
+    for sampler in (exact, gaps):
+        off, off_weights = _update(model, dataclasses.replace(completions, logprobs=sampler), advantages,
+                                   offpolicy=True, tis_cap=0.0)
+        assert off["loss"] == pytest.approx(on["loss"], abs=1e-7)
+        for name in on_weights:
+            torch.testing.assert_close(off_weights[name], on_weights[name], atol=1e-7, rtol=1e-6)
