@@ -133,7 +133,7 @@ def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_e
     conditions the same."""
     from trainers.run import RunOptions, prepare
 
-    scenario, _, eval_tasks, trainer = prepare(RunOptions(str(scenario_path), settings), log=lambda m: None)
+    scenario, _, eval_tasks, trainer, _ = prepare(RunOptions(str(scenario_path), settings), log=lambda m: None)
     eval_tasks = eval_tasks[:eval_tasks_max]
     scenario.resolve(f"{MODULE}:reset_noise")(p, seed)
     phase = scenario.resolve(f"{MODULE}:set_phase")

@@ -59,7 +59,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from dataclasses import asdict, replace  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
     del model
     print(f"settings: {SHARED}, DAPO loss, group-scaled advantages, AdamW, grad clip 1.0, 1 torch thread")
     print(f"  ours: buckets=1 (uniform prompts), floor_reward=0.0, other GRPOConfig defaults: "
-          f"{ {k: v for k, v in asdict(ours_config(args.steps, args.seed)).items() if k not in SHARED} }")
+          f"{ {k: v for k, v in ours_config(args.steps, args.seed).model_dump().items() if k not in SHARED} }")
     print(f"  TRL: use_cpu, fp32, no gradient checkpointing, top_k=0, top_p=1.0, constant lr, adamw_torch")
     print(f"held-out before ({len(splits.eval)} prompts): greedy {before['greedy']:.3f}, "
           f"sampled {before['sampled']:.3f} ({samples} samples, temperature 1)")

@@ -61,6 +61,7 @@ def build_trainer(model_dir: Path, mode: str, seed: int = 0):
     from marl.scenario.load import load_scenario
     from trainers.grpo.config import GRPOConfig
     from trainers.policy.actors import build_actors
+    from trainers.config import resolve_config
     from trainers.team.trainer import MultiAgentTrainer
 
     overrides = OWN_AGENTS + ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message",
@@ -68,10 +69,10 @@ def build_trainer(model_dir: Path, mode: str, seed: int = 0):
     if mode == "lora":
         overrides.append("train.lora.r=16")
     scenario = load_scenario("relay", overrides)
-    actors, seats = build_actors(scenario, model_dir, seed=seed)
+    actors, seats = build_actors(scenario, model_dir, seed=seed, lora=scenario.spec.train.lora)
     config = GRPOConfig(steps=3, prompts_per_step=2, group_size=8, max_new_tokens=4, lr=1e-5, beta=0.0, seed=seed,
                         floor_reward=0.0, threads=1)
-    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], config, log=lambda message: None)
+    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], resolve_config(scenario, grpo=config), log=lambda message: None)
 
 
 def worker(model_dir: Path, mode: str, steps: int) -> dict:
@@ -81,11 +82,12 @@ def worker(model_dir: Path, mode: str, steps: int) -> dict:
     import transformers  # noqa: F401
 
     from bench.support.real_model import current_rss_bytes, peak_rss_bytes
+    from trainers.team.trainer import StepPlan
 
     base_rss = current_rss_bytes()
     trainer = build_trainer(model_dir, mode)
     for _ in range(steps):  # a random model earns equal rewards: a seed-parity bonus makes every step train
-        trainer.step(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2)
+        trainer.step(StepPlan(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2))
     tensors = [t for actor in trainer.actors.values() if getattr(actor, "model", None) is not None
                for t in actor_tensors(actor)]
     trainable = tensor_bytes(p.data for learner in trainer.learners.values() for p in learner.model.parameters())

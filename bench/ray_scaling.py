@@ -52,7 +52,7 @@ def measure(backend: str, workers: int, args) -> dict:
     """Mean seconds per step and their split, over args.steps steps after one untimed step."""
     from trainers.run import RunOptions, prepare
 
-    _, _, _, trainer = prepare(RunOptions("relay", settings(backend, workers, args)), log=lambda message: None)
+    _, _, _, trainer, _ = prepare(RunOptions("relay", settings(backend, workers, args)), log=lambda message: None)
     try:
         trainer.step()  # untimed: first broadcast, caches
         player = trainer.player

@@ -71,7 +71,7 @@ def train_condition(condition: str, seed: int, args) -> dict:
     from trainers.run import RunOptions, prepare
     from trainers.team.evaluation import evaluate_team
 
-    scenario, _, eval_tasks, trainer = prepare(RunOptions("relay", condition_settings(condition, seed, args)),
+    scenario, _, eval_tasks, trainer, _ = prepare(RunOptions("relay", condition_settings(condition, seed, args)),
                                                log=lambda message: None)
     eval_tasks = eval_tasks[:args.eval_tasks]
     start = evaluate_team(trainer.player, eval_tasks)["team_success"]

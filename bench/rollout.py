@@ -70,7 +70,7 @@ def marl_sample(model, tokenizer, ids, mask, group: int, new_tokens: int, greedy
     """Generated tokens and decode steps of marl's sampler."""
     import torch
 
-    from judges.model.chat import stop_token_ids
+    from common.chat import stop_token_ids
     from trainers.policy.sampling import sample_completions
 
     out = sample_completions(model, ids, mask, group_size=group, max_new_tokens=new_tokens, greedy=greedy,
@@ -83,7 +83,7 @@ def hf_generate(model, tokenizer, ids, mask, group: int, new_tokens: int, greedy
     """Generated tokens (up to and including each row's first end token) and decode steps of HF generate."""
     import torch
 
-    from judges.model.chat import stop_token_ids
+    from common.chat import stop_token_ids
 
     stops = stop_token_ids(model, tokenizer)
     torch.manual_seed(seed)
@@ -134,7 +134,7 @@ def http_overhead(model_dir: Path, prompts: int, group: int, new_tokens: int, re
     on the same LoRA adapter and keyed rows: seconds each (median) and their ratio; the tokens must agree."""
     import torch
 
-    from judges.model.chat import stop_token_ids
+    from common.chat import stop_token_ids
     from marl.scenario.spec import LoraSpec
     from trainers.engine.base import SamplingSettings
     from trainers.engine.http import HttpEngine

@@ -76,7 +76,7 @@ def warmed_start(game: str, settings: list[str]) -> dict:
     from trainers.run import RunOptions, prepare
     from trainers.stages.warmup import sft_warmup_stage
 
-    scenario, train_tasks, _, trainer = prepare(RunOptions(game, settings), log=lambda message: None)
+    scenario, train_tasks, _, trainer, _ = prepare(RunOptions(game, settings), log=lambda message: None)
     report = sft_warmup_stage(trainer, scenario, train_tasks, scenario.spec.train.warmup, log=lambda message: None)
     accuracy = {agent: round(value, 2) for row in report["learners"].values()
                 for agent, value in row.get("accuracy_after", row["accuracy_before"]).items()}
@@ -90,7 +90,7 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
     from trainers.run import RunOptions, prepare
     from trainers.team.evaluation import evaluate_team
 
-    _, _, eval_tasks, trainer = prepare(RunOptions(game, settings), log=lambda message: None)
+    _, _, eval_tasks, trainer, _ = prepare(RunOptions(game, settings), log=lambda message: None)
     if start is not None:
         trainer.actors["shared"].model.load_state_dict(start)
         trainer.restart_frozen_copies()  # the KL reference and the first snapshot are the warmed-up model

@@ -10,26 +10,34 @@ baselines), `addition.py` (the demo task), `testing.py` (the conformance check w
     scenario/  a YAML file -> a checked Scenario (schema, positions, checks, the turn graph)
     credit/    credit assignment: estimators, exact and sampled, coalition values, replay credit
 
-May import: judges, never trainers; nothing here imports torch, transformers, wandb or openai.
-`marl.make_env`, `marl.make_aec_env` and `marl.load_scenario` are imported lazily so that
-`import marl` stays light.
+Public names (imported on first use, so `import marl` stays light): `make_env`, `make_aec_env`,
+`ScenarioEnv`, `load_scenario`, `Scenario`, `ScenarioError`, `Task`, `scenario_conformance`.
+
+May import: common, judges, never trainers; nothing here imports torch, transformers, wandb or openai.
 """
 
-_LAZY = {
-    "make_env": "marl.env",
-    "make_aec_env": "marl.env",
-    "load_scenario": "marl.scenario.load",
-    "ScenarioError": "marl.scenario.load",
-    "Task": "marl.types",
+_PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
+    "make_env": "marl.env:make_env",
+    "make_aec_env": "marl.env:make_aec_env",
+    "ScenarioEnv": "marl.env:ScenarioEnv",
+    "load_scenario": "marl.scenario.load:load_scenario",
+    "Scenario": "marl.scenario.load:Scenario",
+    "ScenarioError": "marl.scenario.problems:ScenarioError",
+    "Task": "marl.types:Task",
+    "scenario_conformance": "marl.testing:scenario_conformance",
 }
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    """The public name `name`, imported from its module now: importing the package itself loads nothing."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'marl' has no attribute {name!r}")
+    module, _, attribute = _PUBLIC[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
-__all__ = list(_LAZY)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -118,10 +118,17 @@ class Episode:
 
 @dataclass
 class EpisodeBatch:
-    """Episodes played together and the sampled tokens of every generate call, per actor."""
+    """Episodes played together and the sampled tokens of every generate call, per actor.
+
+    figures: the player's own figures of how it played (the Ray backend's ray/*; {} in this process);
+    offpolicy: some episode was sampled by weights older than the learner's (the Ray backend with
+    max_staleness > 0), so the update corrects for the sampler (train.tis_cap).
+    """
 
     episodes: list[Episode]
     generations: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    figures: dict[str, float] = field(default_factory=dict)
+    offpolicy: bool = False
 
 
 @dataclass

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judges.types import ToolCallRecord
-from judges.imports import resolve_callable as load_tool  # noqa: F401 - re-exported
+from common.imports import resolve_callable as load_tool  # noqa: F401 - re-exported
 
 _NAME_KEYS = ("tool", "tool_name", "name", "function")
 _ARG_KEYS = ("arguments", "args", "parameters", "params", "input")

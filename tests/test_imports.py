@@ -14,7 +14,8 @@ def _modules_after_import(statement: str) -> set[str]:
 
 
 def test_light_layers_import_no_heavy_library():
-    loaded = _modules_after_import("import marl, judges, trainers.grpo.safeguards, marl.addition, marl.types")
+    loaded = _modules_after_import("import common.files, common.imports, common.chat, marl, judges, trainers.grpo.safeguards, "
+                                   "marl.addition, marl.types")
     assert not {name for name in loaded if name.split(".")[0] in HEAVY}
 
 
@@ -41,7 +42,7 @@ def _importers(library: str) -> list[str]:
 
     root = ROOT
     pattern = re.compile(rf"^\s*(import {library}\b|from {library}\b)", re.M)
-    return sorted(str(p.relative_to(root)) for package in ("marl", "judges", "trainers")
+    return sorted(str(p.relative_to(root)) for package in ("common", "marl", "judges", "trainers")
                   for p in (root / package).rglob("*.py") if pattern.search(p.read_text()))
 
 

@@ -12,11 +12,37 @@ held-out set). Rooms:
     stages/   warm-up (and the stage plan), reflection, safety
     reward/   reward models: preference pairs, Bradley-Terry training (`marl rm train`)
     ray/      the Ray backend: cluster connection, rollout workers, the player driving them, judge gates
-    runs/     run directories, checkpoints, their layout and manifests, atomic writes, tracking (the only
+    runs/     run directories, checkpoints, their layout and manifests, tracking (the only
               wandb import), report, progress
     cli/      the `marl` command: main registers the commands, one module per command
 
-May import: marl, judges, and rooms here in the order cli -> jobs -> stages -> team -> grpo -> policy
+Public names (imported on first use, so `import trainers` loads no torch): `GRPOConfig`, `GRPOTrainer`,
+`group_advantages`, `demo_config`, `run_demo`.
+
+May import: common, marl, judges, and rooms here in the order cli -> jobs -> stages -> team -> grpo -> policy
 -> runs (never the other way); policy and engine use each other (an actor's engine, the engines' sampler)
 at file level without a cycle. Heavy libraries (torch, transformers, wandb) are imported per module.
 """
+
+_PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
+    "GRPOConfig": "trainers.grpo.config:GRPOConfig",
+    "GRPOTrainer": "trainers.grpo.trainer:GRPOTrainer",
+    "group_advantages": "trainers.grpo.objective:group_advantages",
+    "demo_config": "trainers.demo:demo_config",
+    "run_demo": "trainers.demo:run_demo",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    """The public name `name`, imported from its module now: importing the package itself loads nothing."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, _, attribute = _PUBLIC[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCENARIO_FILE = "scenario.json"
@@ -39,15 +39,16 @@ class ContinualError(ValueError):
     """`--init-from` cannot be used as asked (the message names the problem and the directory)."""
 
 
-def record_scenario(out: Path, source: str, overrides: list[str], spec) -> None:
-    """Write OUT/scenario.json: what a later `--init-from OUT` needs to load this run's scenario again."""
+def record_scenario(out: Path, source: str, overrides: list[str], name: str, config) -> None:
+    """Write OUT/scenario.json: what a later `--init-from OUT` needs to load this run's scenario again
+    (`config`: the run's TrainConfig)."""
     from marl.scenario.load import find_scenario
-    from trainers.runs.atomic import write_text_atomically
-    from trainers.team.trainer import _model_identity
+    from common.files import write_text_atomically
+    from trainers.runs.fingerprint import model_identity
 
     path = find_scenario(source).resolve()
-    record = {"source": str(path), "source_sha256": _file_sha256(path), "overrides": list(overrides), "name": spec.name,
-              "model": _model_identity(spec.train.model), "lora": spec.train.lora is not None}
+    record = {"source": str(path), "source_sha256": _file_sha256(path), "overrides": list(overrides), "name": name,
+              "model": model_identity(config.model), "lora": config.lora is not None}
     write_text_atomically(Path(out) / SCENARIO_FILE, json.dumps(record, indent=2) + "\n")
 
 
@@ -77,9 +78,10 @@ class EarlierRun:
         return f"--init-from {self.run}"
 
 
-def open_earlier_run(path: str, scenario) -> EarlierRun:
-    """The finished run in `path`, checked against this run's `scenario` (module docstring); ContinualError
-    (one line) otherwise. Reads files only: no model is built, nothing is written."""
+def open_earlier_run(path: str, scenario, config) -> EarlierRun:
+    """The finished run in `path`, checked against this run's `scenario` and TrainConfig (resolved with
+    continual=True: its KL settings are checked there) (module docstring); ContinualError (one line)
+    otherwise. Reads files only: no model is built, nothing is written."""
     from trainers.runs.checkpoint import latest_checkpoint
     from trainers.runs.layout import checkpoint_models
 
@@ -95,11 +97,10 @@ def open_earlier_run(path: str, scenario) -> EarlierRun:
                              "passes its manifest); pass a finished run whose checkpoint is intact")
     record = _read_record(run)
     earlier = EarlierRun(run, checkpoint, _earlier_scenario(run, record), checkpoint_models(checkpoint), record)
-    _check_model(earlier, scenario)
+    _check_model(earlier, config)
     _check_team(earlier, scenario)
     _check_policies(earlier, scenario)
-    continual_beta(scenario)  # both KL settings at once: one line now, not after the models are built
-    if scenario.spec.train.continual.replay and scenario.spec.train.backend == "ray":
+    if config.continual.replay and config.backend.kind == "ray":
         raise ContinualError(f"{earlier.where()}: train.continual.replay is played in this process, not on the Ray "
                              "backend; set train.continual.replay=0 or train.backend=local")
     return earlier
@@ -136,13 +137,13 @@ def _earlier_scenario(run: Path, record: dict):
         raise ContinualError(f"--init-from {run}: its scenario {record['source']} no longer loads ({first})") from None
 
 
-def _check_model(earlier: EarlierRun, scenario) -> None:
+def _check_model(earlier: EarlierRun, config) -> None:
     """The earlier policies fit this run: the same train.model (by content), adapters exactly when this run
     trains adapters."""
-    from trainers.team.trainer import _model_identity
+    from trainers.runs.fingerprint import model_identity
 
-    train, record = scenario.spec.train, earlier.record
-    model = _model_identity(train.model)
+    train, record = config, earlier.record
+    model = model_identity(train.model)
     if model != record["model"]:
         raise ContinualError(f"{earlier.where()}: its policies were trained from train.model={record['model']}, this "
                              f"run's train.model is {model} (an incompatible model); set train.model to the earlier "
@@ -197,22 +198,10 @@ def trainable_actor_keys(scenario) -> list[str]:
     return keys
 
 
-def without_warmup(scenario, log=print):
-    """The scenario with `warmup` left out of train.stages (said in one line when it was there)."""
-    train = scenario.spec.train
-    if "warmup" not in train.stages:
-        return scenario
-    log("--init-from: the warm-up stage is skipped (the policy starts trained, and the KL reference is the "
-        "earlier policy)")
-    stages = [stage for stage in train.stages if stage != "warmup"]
-    spec = scenario.spec.model_copy(update={"train": train.model_copy(update={"stages": stages})})
-    return replace(scenario, spec=spec)
-
-
-def continual_beta(scenario) -> float:
-    """The run's GRPO beta with --init-from: train.continual.kl, else train.beta (both are a KL to the one
-    reference, the earlier policy); ContinualError when both are set to different values."""
-    train = scenario.spec.train
+def continual_beta(train) -> float:
+    """The run's GRPO beta with --init-from, from a scenario's `train` section: train.continual.kl, else
+    train.beta (both are a KL to the one reference, the earlier policy); ContinualError when both are set
+    to different values, or when the reference would move."""
     kl = train.continual.kl
     if kl and train.beta and kl != train.beta:
         raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
@@ -223,7 +212,7 @@ def continual_beta(scenario) -> float:
     return kl or train.beta
 
 
-def earlier_actors(earlier: EarlierRun, scenario, base_model, *, device, dtype):
+def earlier_actors(earlier: EarlierRun, scenario, base_model, grpo, lora, *, device, dtype):
     """(actors, seats) of `scenario` playing the earlier run's policies. Adapters go on the earlier run's base
     model (`base_model()`, the same train.model; checked by fingerprint), and so do frozen model agents,
     which played it in the earlier run too; full models replace it, tokenizer included. ContinualError
@@ -232,13 +221,13 @@ def earlier_actors(earlier: EarlierRun, scenario, base_model, *, device, dtype):
     from trainers.policy.adapters import AdapterBaseError, is_adapter_dir
     from trainers.policy.tinylm import load_policy
 
-    train, keys = scenario.spec.train, trainable_actor_keys(scenario)
+    keys = trainable_actor_keys(scenario)
     adapters = {key: earlier.models[key] for key in keys if is_adapter_dir(earlier.models[key])}
     needs_base = adapters or frozen_model_keys(scenario)
     base = base_model() if needs_base else earlier.models["shared" if "shared" in keys else keys[0]]
     try:
-        actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
-                                     seed=train.seed, adapters=adapters, device=device, dtype=dtype)
+        actors, seats = build_actors(scenario, base, temperature=grpo.temperature, top_p=grpo.top_p,
+                                     seed=grpo.seed, lora=lora, adapters=adapters, device=device, dtype=dtype)
     except AdapterBaseError as error:
         raise ContinualError(f"{earlier.where()}: {error}") from None
     for key in keys:
@@ -254,36 +243,47 @@ def _eval_tasks(scenario) -> list:
 
 
 class Continual:
-    """What a continual run keeps of the earlier one: the replay of its tasks and its held-out set."""
+    """What a continual run keeps of the earlier one, plugged into the step loop: the replay of its tasks
+    (`step_plan`), its held-out set (`evaluation`, `start`, `finish`) and continual.json (`mark`)."""
 
-    def __init__(self, earlier: EarlierRun, trainer):
+    def __init__(self, earlier: EarlierRun, settings, trainer):
         from marl.rollout import EpisodePlayer
+        from trainers.team.trainer import Arena
 
-        self.earlier, self.settings = earlier, trainer.spec.train.continual
-        old = earlier.scenario
-        # the earlier scenario's play (env, rewards, credit), under this run's train section
-        self.spec = old.spec.model_copy(update={"train": trainer.spec.train})
-        self.scenario = replace(old, spec=self.spec)
-        self.player = EpisodePlayer(self.scenario, trainer.actors, trainer.seats)
+        self.earlier, self.settings = earlier, settings
+        old = earlier.scenario  # played as it is (env, rewards, credit) by this run's actors
+        self.player = EpisodePlayer(old, trainer.actors, trainer.seats)
+        self.arena = Arena(old.spec, self.player)  # its tasks stay out of this run's difficulty sampler
         self.train_tasks, self.eval_tasks = old.split()[0], _eval_tasks(old)
+        self.replayed = False  # whether the last step was a replay step
 
     def replay_due(self, within: int) -> bool:
         """Whether main-stage step `within` (0-based) replays: every 1/replay steps, exactly the share."""
         share = self.settings.replay
         return bool(self.train_tasks) and math.floor((within + 1) * share) > math.floor(within * share)
 
-    def replay_step(self, trainer) -> dict:
-        """One GRPO step on tasks drawn from the earlier scenario (seeded by the step), played there."""
-        rng = random.Random(trainer.config.seed * 1_000_003 + trainer.step_count)
-        tasks = rng.sample(self.train_tasks, min(trainer.config.prompts_per_step, len(self.train_tasks)))
-        saved = trainer.scenario, trainer.spec, trainer.player, trainer.tasks
-        # the step plays, scores and credits with the earlier scenario; its tasks stay out of the sampler
-        trainer.scenario, trainer.spec, trainer.player, trainer.tasks = self.scenario, self.spec, self.player, {}
-        try:
-            metrics = trainer.step(tasks=tasks)
-        finally:
-            trainer.scenario, trainer.spec, trainer.player, trainer.tasks = saved
-        return {**metrics, "continual/replay": 1.0}
+    def step_plan(self, trainer, stage: str, within: int):
+        """A replay step's StepPlan when one is due (tasks drawn from the earlier scenario, seeded by the
+        step, played there), else None: the stage plays its own step."""
+        from trainers.team.trainer import StepPlan
+
+        self.replayed = stage == "main" and self.replay_due(within)
+        if not self.replayed:
+            return None
+        rng = random.Random(trainer.grpo.seed * 1_000_003 + trainer.step_count)
+        tasks = rng.sample(self.train_tasks, min(trainer.grpo.prompts_per_step, len(self.train_tasks)))
+        return StepPlan(tasks=tasks, arena=self.arena)
+
+    def after_step(self, trainer, metrics: dict, log=print) -> dict:
+        """continual/replay of the step, and eval/old/* (the earlier scenario's held-out set) on the steps
+        train.eval_every evaluates."""
+        figures = {"continual/replay": float(self.replayed)}
+        if "eval/step" not in metrics or not self.eval_tasks:
+            return figures
+        old = self.evaluate_old()
+        log(f"held-out at step {trainer.step_count}, old tasks ({self.earlier.scenario.spec.name}): team success "
+            f"{old['team_success']:.3f}")
+        return {**figures, **{f"eval/old/{key}": value for key, value in old.items()}}
 
     def evaluate_old(self) -> dict:
         """The held-out figures on the earlier scenario's held-out set (temperature 0), {} when it has none."""
@@ -298,23 +298,54 @@ class Continual:
                 "kl": self.settings.kl, "old_tasks": len(self.eval_tasks), "old_before": old_before,
                 "old_after": old_after}
 
+    def mark(self, out: Path) -> None:
+        """continual.json as soon as the run directory is open (before any evaluation): a run that stops
+        before its first checkpoint still resumes as the continual run it is (`recorded_init_from`)."""
+        from common.files import write_text_atomically
 
-def attach(earlier: EarlierRun, trainer, log=print) -> Continual:
-    """Make `trainer` a continual run of `earlier`: with LoRA the KL reference becomes a frozen copy of the
+        path = Path(out) / CONTINUAL_FILE
+        if not path.is_file():
+            write_text_atomically(path, json.dumps(self.state(None), indent=2) + "\n")
+
+    def start(self, out: Path, log=print) -> dict:
+        """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
+        from common.files import write_text_atomically
+
+        path = Path(out) / CONTINUAL_FILE
+        state = json.loads(path.read_text()) if path.is_file() else self.state(None)
+        if state.get("old_before") is None:  # measured once, before the first step; a resume keeps it
+            state["old_before"] = self.evaluate_old()
+        write_text_atomically(path, json.dumps(state, indent=2) + "\n")
+        if state["old_before"]:
+            log(f"held-out team success before, old tasks ({state['earlier_scenario']}): "
+                f"{state['old_before']['team_success']:.3f} ({state['old_tasks']} tasks, temperature 0)")
+        return state
+
+    def finish(self, out: Path, state: dict, log=print) -> dict:
+        """continual.json at the run's end: the old held-out set measured again, and the forgetting said."""
+        from common.files import write_text_atomically
+
+        state = {**state, "old_after": self.evaluate_old()}
+        write_text_atomically(Path(out) / CONTINUAL_FILE, json.dumps(state, indent=2) + "\n")
+        if state["old_after"]:
+            before, after = state["old_before"]["team_success"], state["old_after"]["team_success"]
+            log(f"held-out team success after, old tasks ({state['earlier_scenario']}):  {after:.3f} "
+                f"(forgetting {before - after:+.3f})")
+        return state
+
+
+def attach(earlier: EarlierRun, settings, trainer, log=print) -> Continual:
+    """The continual run of `earlier` on `trainer`: with LoRA the KL reference becomes a frozen copy of the
     earlier adapter (a full model's reference already is a frozen copy of its start weights, the earlier
-    ones); `trainer.continual` plays the replay steps and the old held-out set."""
+    ones); the returned Continual plays the replay steps and the old held-out set."""
     from trainers.grpo.learner import frozen_copy
     from trainers.policy.adapters import AdapterPolicy, opponent_model
 
-    for name, learner in trainer.learners.items():
-        model = trainer.actors[name].model
-        if learner.reference is not None and isinstance(model, AdapterPolicy):
-            learner.reference = opponent_model(model, f"earlier_{name}", frozen_copy)
-    trainer.continual = Continual(earlier, trainer)
-    settings = trainer.continual.settings
+    trainer.anchor_references(lambda name, model: opponent_model(model, f"earlier_{name}", frozen_copy)
+                              if isinstance(model, AdapterPolicy) else None)
     log(f"--init-from {earlier.run}: starting from {earlier.checkpoint.name} of {earlier.scenario.spec.name!r}; "
-        f"replay {settings.replay:g} of the main steps, KL {trainer.config.beta:g} to the earlier policy")
-    return trainer.continual
+        f"replay {settings.replay:g} of the main steps, KL {trainer.grpo.beta:g} to the earlier policy")
+    return Continual(earlier, settings, trainer)
 
 
 def report_section(state: dict, new_name: str, before: dict | None, after: dict | None, new_tasks: int) -> str:
@@ -347,71 +378,3 @@ def summary_figures(state: dict, before: dict | None, after: dict | None) -> dic
 
 
 # -- the run's side (trainers/run.py) --------------------------------------------------------------------
-
-
-def run_step(trainer, stage: str, within: int, train_tasks: list, log=print) -> dict:
-    """One step of `stage`: a replay step when one is due (the main stage of a continual run), else the
-    stage's own (trainers.stages.warmup.run_stage_step)."""
-    from trainers.stages.warmup import run_stage_step
-
-    continual = getattr(trainer, "continual", None)
-    if continual is None:
-        return run_stage_step(trainer, stage, within, train_tasks, log)
-    if stage == "main" and continual.replay_due(within):
-        return {**continual.replay_step(trainer), "train/stage": 1.0, "train/stage_name": "main"}
-    return {**run_stage_step(trainer, stage, within, train_tasks, log), "continual/replay": 0.0}
-
-
-def old_evaluation_due(trainer, metrics: dict, log=print) -> dict:
-    """eval/old/* (the earlier scenario's held-out set) on the steps train.eval_every evaluates, else {}."""
-    continual = getattr(trainer, "continual", None)
-    if continual is None or "eval/step" not in metrics or not continual.eval_tasks:
-        return {}
-    figures = continual.evaluate_old()
-    log(f"held-out at step {trainer.step_count}, old tasks ({continual.earlier.scenario.spec.name}): team success "
-        f"{figures['team_success']:.3f}")
-    return {f"eval/old/{key}": value for key, value in figures.items()}
-
-
-def mark(out: Path, trainer) -> None:
-    """continual.json as soon as the run directory is open (before any evaluation): a run that stops before
-    its first checkpoint still resumes as the continual run it is (`recorded_init_from`)."""
-    from trainers.runs.atomic import write_text_atomically
-
-    continual = getattr(trainer, "continual", None)
-    path = Path(out) / CONTINUAL_FILE
-    if continual is not None and not path.is_file():
-        write_text_atomically(path, json.dumps(continual.state(None), indent=2) + "\n")
-
-
-def start(out: Path, trainer, log=print) -> dict | None:
-    """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
-    from trainers.runs.atomic import write_text_atomically
-
-    continual = getattr(trainer, "continual", None)
-    if continual is None:
-        return None
-    path = Path(out) / CONTINUAL_FILE
-    state = json.loads(path.read_text()) if path.is_file() else continual.state(None)
-    if state.get("old_before") is None:  # measured once, before the first step; a resume keeps it
-        state["old_before"] = continual.evaluate_old()
-    write_text_atomically(path, json.dumps(state, indent=2) + "\n")
-    if state["old_before"]:
-        log(f"held-out team success before, old tasks ({state['earlier_scenario']}): "
-            f"{state['old_before']['team_success']:.3f} ({state['old_tasks']} tasks, temperature 0)")
-    return state
-
-
-def finish(out: Path, trainer, state: dict | None, log=print) -> dict | None:
-    """continual.json at the run's end: the old held-out set measured again, and the forgetting said."""
-    from trainers.runs.atomic import write_text_atomically
-
-    if state is None:
-        return None
-    state = {**state, "old_after": trainer.continual.evaluate_old()}
-    write_text_atomically(Path(out) / CONTINUAL_FILE, json.dumps(state, indent=2) + "\n")
-    if state["old_after"]:
-        before, after = state["old_before"]["team_success"], state["old_after"]["team_success"]
-        log(f"held-out team success after, old tasks ({state['earlier_scenario']}):  {after:.3f} "
-            f"(forgetting {before - after:+.3f})")
-    return state

@@ -60,7 +60,7 @@ def demo_config(overrides: list[str] = (), *, steps: int | None = None, threads:
     """
     if steps is not None and steps < 1:  # checked before the run directory or the tiny model is made
         raise SettingsError(f"--steps {steps}: expected 1 or more GRPO steps")
-    data = asdict(DemoConfig(**settings))
+    data = plain_config(DemoConfig(**settings))
     flags = {name: value for name, value in zip(GRPO_FLAGS, (steps, threads, seed)) if value is not None}
     data["grpo"].update(flags)
     data = apply_typed_overrides(data, _settings_schema(DemoConfig), list(overrides))
@@ -68,10 +68,15 @@ def demo_config(overrides: list[str] = (), *, steps: int | None = None, threads:
 
 
 def _settings_schema(cls) -> dict:
-    """{field: type} of a (nested) settings dataclass, a nested mapping for each dataclass field."""
+    """{field: type} of the settings dataclass, a nested mapping for its GRPOConfig (a pydantic model)."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    return {f.name: _settings_schema(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else hints[f.name]
-            for f in dataclasses.fields(cls)}
+    return {f.name: ({name: info.annotation for name, info in GRPOConfig.model_fields.items()}
+                     if hints[f.name] is GRPOConfig else hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def plain_config(config: DemoConfig) -> dict:
+    """The demo's settings as plain data (its GRPO knobs a nested dict): what the tracker and summary record."""
+    return {**asdict(config), "grpo": config.grpo.model_dump()}
 
 
 def _checked_demo_config(data: dict, overrides: list[str], flags: set[str]) -> DemoConfig:
@@ -152,7 +157,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
     torch.set_num_threads(config.grpo.threads)
     device, dtype = placement(config.grpo.device, config.grpo.dtype, section="grpo")  # checked before anything is built
     if config.model:  # a directory that does not load is refused before the run directory is made
-        from judges.model.chat import check_model_dir
+        from common.chat import check_model_dir
         from trainers.policy.loading import ModelLoadError
 
         problem = check_model_dir(Path(config.model))
@@ -178,7 +183,7 @@ def run_demo(config: DemoConfig, log=print) -> dict:
 
 
 def _run(config: DemoConfig, out: Path, splits, model, tokenizer, trainer, log) -> dict:
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
     from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
     from trainers.runs.progress import ProgressPrinter
     from trainers.runs.report import truncate_metrics, write_report
@@ -218,7 +223,7 @@ def _tracker(config: DemoConfig, out: Path, step: int):
     """The experiment tracker (`none` still keeps metrics.jsonl); a resume continues the same W&B run."""
     from trainers.runs.tracking import run_tracker
 
-    return run_tracker(config.tracker, out, step, config=asdict(config), group="demo")
+    return run_tracker(config.tracker, out, step, config=plain_config(config), group="demo")
 
 
 def _train(trainer, tracker, progress, config: DemoConfig, out: Path, log) -> None:
@@ -248,4 +253,4 @@ def _summary(config: DemoConfig, before: dict, after: dict, out: Path, seconds: 
     step_times = [row["time/step"] for row in rows]
     return {"before": before, "after": after, "steps": len(rows), "train_seconds": seconds,
             "median_step_seconds": statistics.median(step_times) if step_times else None,
-            "config": asdict(config)}
+            "config": plain_config(config)}

@@ -7,7 +7,7 @@
 3. run `probe_steps` main-stage trainer steps and record each step's seconds (play, counterfactual
    credit replays, update) and each episode's trajectory length in generated tokens (the summed
    completion mask of every sampled turn of the episode: the tokens the update trains on);
-4. project: the stages and their steps (`trainers.stages.warmup.stage_plan`), episodes per step
+4. project: the stages and their steps (`trainers.config.StageConfig`), episodes per step
    (prompts_per_step x group_size), total episodes, training tokens
    (total steps x prompts_per_step x group_size x mean trajectory tokens x mu), how often each
    distinct training task is drawn, and wall time = total steps x measured seconds per step, plus
@@ -56,10 +56,11 @@ def estimate_run(options, probe_steps: int = 2, log=print) -> dict:
 
     if probe_steps < 1:
         raise ValueError(f"--probe-steps {probe_steps}: measure at least 1 step (2 or more to leave out warm-up)")
-    scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
-    eval_tasks = _run_eval_tasks(scenario, eval_tasks)
+    scenario, train_tasks, eval_tasks, trainer, _ = prepare(options, log)
+    cap = trainer.config.loop.eval_tasks  # the held-out tasks marl run evaluates before and after
+    eval_tasks = eval_tasks[:cap] if cap else eval_tasks
     probe = measure_probe(trainer, eval_tasks, probe_steps)
-    return project_estimate(scenario, len(train_tasks), len(eval_tasks), probe)
+    return project_estimate(scenario.spec.name, trainer.config, len(train_tasks), len(eval_tasks), probe)
 
 
 def measure_probe(trainer, eval_tasks: list, probe_steps: int) -> Probe:
@@ -101,20 +102,17 @@ def trajectory_tokens(batch) -> list[int]:
     return counts
 
 
-def project_estimate(scenario, n_train_tasks: int, n_eval_tasks: int, probe: Probe) -> dict:
-    """The whole run's size, tokens and time from the scenario's plan and a probe's measurements."""
-    from trainers.stages.warmup import stage_plan
-
-    train = scenario.spec.train
-    plan = stage_plan(train)
-    total_steps = sum(steps for _, steps in plan)
+def project_estimate(name: str, config, n_train_tasks: int, n_eval_tasks: int, probe: Probe) -> dict:
+    """The whole run's size, tokens and time from its TrainConfig's plan and a probe's measurements."""
+    train, plan = config.grpo, list(config.stages.plan)
+    total_steps = config.stages.total_steps
     episodes_per_step = train.prompts_per_step * train.group_size
     mean_tokens = statistics.fmean(probe.trajectory_tokens) if probe.trajectory_tokens else 0.0
     timing = _timing(probe)
     train_seconds = total_steps * timing["seconds_per_step"]
     eval_seconds = 2 * probe.eval_seconds if n_eval_tasks else 0.0
     return {
-        "scenario": scenario.spec.name, "stages": plan, "total_steps": total_steps,
+        "scenario": name, "stages": plan, "total_steps": total_steps,
         "prompts_per_step": train.prompts_per_step, "group_size": train.group_size,
         "episodes_per_step": episodes_per_step, "total_episodes": total_steps * episodes_per_step,
         "mu": train.mu, "mean_trajectory_tokens": mean_tokens,
@@ -128,7 +126,7 @@ def project_estimate(scenario, n_train_tasks: int, n_eval_tasks: int, probe: Pro
                                 total_steps * timing["seconds_per_step_max"]),
         "eval_tasks": n_eval_tasks, "eval_tasks_timed": probe.eval_tasks_timed, "eval_seconds": eval_seconds,
         "total_seconds": train_seconds + eval_seconds,
-        "not_measured": _not_measured(train),
+        "not_measured": _not_measured(config),
     }
 
 
@@ -146,23 +144,17 @@ def _timing(probe: Probe) -> dict:
             "update_seconds_per_step": statistics.fmean(probe.timed(probe.update_seconds))}
 
 
-def _not_measured(train) -> list[str]:
+def _not_measured(config) -> list[str]:
     """Parts of a run the estimate leaves out or only approximates, in words."""
-    notes = []
-    warmup = train.warmup.resolved(pretrained=train.model != "tiny", lora=train.lora is not None)
-    if "warmup" in train.stages and warmup.sft_max_steps > 0:
+    notes, stages = [], config.stages.names
+    warmup = config.stages.warmup.resolved(pretrained=config.model != "tiny", lora=config.lora is not None)
+    if "warmup" in stages and warmup.sft_max_steps > 0:
         notes.append(f"warm-up SFT before the first RL step (runs only while format compliance is below "
                      f"{warmup.format_target}; at most {warmup.sft_max_steps} SFT steps per learner)")
-    others = [stage for stage in train.stages if stage in ("reflection", "safety")]
+    others = [stage for stage in stages if stage in ("reflection", "safety")]
     if others:
         notes.append(f"{' and '.join(others)} steps are projected at the main stage's seconds per step")
     return notes
-
-
-def _run_eval_tasks(scenario, eval_tasks: list) -> list:
-    """The held-out tasks `marl run` evaluates before and after (train.eval_tasks caps them)."""
-    cap = scenario.spec.train.eval_tasks
-    return eval_tasks[:cap] if cap else eval_tasks
 
 
 def _sd(values) -> float:

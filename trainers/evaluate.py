@@ -20,6 +20,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
 
     CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
     """
+    from trainers.config import resolve_config
     from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_autocast, placement
     from trainers.policy.tinylm import load_policy
@@ -46,17 +47,18 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
         base = trained.get("shared", trained[min(on_base)])
     if base is not None:  # as `marl run` checks it: a prompt and answer past the model's context is one line
         check_context(scenario, directory_context(base))
-    train = scenario.spec.train
-    device, dtype = placement(train.device, train.dtype, purpose="evaluate")  # the scenario's settings
-    actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p, seed=train.seed,
-                                 adapters={key: d for key, d in adapters.items() if key in on_base},
+    config = resolve_config(scenario)  # the scenario's settings, as marl run resolves them
+    grpo = config.grpo
+    device, dtype = placement(grpo.device, grpo.dtype, purpose="evaluate")
+    actors, seats = build_actors(scenario, base, temperature=grpo.temperature, top_p=grpo.top_p, seed=grpo.seed,
+                                 lora=config.lora, adapters={key: d for key, d in adapters.items() if key in on_base},
                                  device=device, dtype=dtype)
     for key, directory in trained.items():
         if key in adapters:
             continue  # loaded on the base by build_actors
         if key in actors and hasattr(actors[key], "model") and not (key == "shared" and directory == base):
             actors[key].model, actors[key].tokenizer = load_policy(directory, device=device, dtype=dtype)
-    place_autocast(actors, train.dtype, device, log)  # evaluated in the precision it was trained in
+    place_autocast(actors, grpo.dtype, device, log)  # evaluated in the precision it was trained in
     return actors, seats
 
 

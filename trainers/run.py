@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-TABLE_EVERY = 10  # steps between sample / credit tables
-TABLE_ROWS = 24
-WEAK_START_STEPS = 5  # the first steps of a run, over which a start too weak for RL is detected
-WEAK_SIGNAL = 0.05  # below this mean train/signal_groups, RL has (almost) nothing to learn from
 
 
 @dataclass
@@ -46,9 +42,20 @@ class RunError(RuntimeError):
     """The run cannot start as asked (the message says why and what to do)."""
 
 
-def prepare(options: RunOptions, log=print):
-    """Scenario, tasks, actors and trainer of a run (validation first, models after)."""
+class Prepared(NamedTuple):
+    """A run ready to train: its scenario, tasks, trainer and the features plugged into its step loop."""
+
+    scenario: object
+    train_tasks: list
+    eval_tasks: list
+    trainer: object
+    features: tuple = ()  # e.g. trainers.continual.Continual: a step_plan and an after_step per step
+
+
+def prepare(options: RunOptions, log=print) -> Prepared:
+    """Scenario, settings, tasks, actors and trainer of a run (validation first, models after)."""
     from marl.scenario.load import load_scenario
+    from trainers.config import resolve_config
     from trainers.judging import resolve_local_judges
     from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_actors, place_autocast, placement
@@ -57,54 +64,64 @@ def prepare(options: RunOptions, log=print):
     from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
-    earlier = None
-    if options.init_from is not None:  # the earlier run is checked before any model is built: one line, exit 2
-        from trainers.continual import open_earlier_run, without_warmup
-
-        earlier = open_earlier_run(options.init_from, scenario)
-        scenario = without_warmup(scenario, log)
-    elif scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
-        log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
+    # the run's settings, resolved once: nothing below reads scenario.spec.train (a KL conflict of
+    # --init-from is one line here, before any model is built)
+    config = resolve_config(scenario, continual=options.init_from is not None)
+    earlier = _open_earlier_run(options, scenario, config, log)
     train_tasks, eval_tasks = scenario.split()
     # a local judge's GGUF model converted, each checked (LocalJudgeError, a ValueError: one line, exit 2)
     scenario = resolve_local_judges(scenario, options.cache_dir, log)
     _probe_judges(scenario)  # a judge endpoint that is down: one line and exit 2 now, not after minutes of retries
-    train = scenario.spec.train
-    device, dtype = placement(train.device, train.dtype)  # a device or dtype the machine lacks: exit 2 now
-    if train.engine.kind == "http":  # a generation server that does not answer: exit 2 before any model is built
-        from trainers.engine.http import served_models
-
-        served_models(train.engine.url, train.engine.timeout_s)
-    if train.backend == "ray":  # an unreachable cluster or too few resources: exit 2 before any model is built
-        from trainers.ray.cluster import check_resources, connect
-
-        connect(train.ray, log=log)
-        check_resources(train.ray)
+    grpo = config.grpo
+    device, dtype = placement(grpo.device, grpo.dtype)  # a device or dtype the machine lacks: exit 2 now
+    _check_backend(config, log)
     if earlier is not None:  # the earlier run's policies, tokenizer and adapters
-        actors, seats = _earlier_team(earlier, scenario, options, device, dtype, log)
+        actors, seats = _earlier_team(earlier, scenario, options, config, device, dtype, log)
     else:
         base = base_model_dir(scenario, options.cache_dir, log) if _needs_model(scenario) else None
         if base is not None:  # every model-played agent's prompt and answer fit the base's context: exit 2 now
             check_context(scenario, directory_context(base))
             check_model_fits("train.model", base, str(dtype), device)  # ModelTooLarge: one line, exit 2
-        actors, seats = build_actors(scenario, base, temperature=train.temperature, top_p=train.top_p,
-                                     seed=train.seed, device=device, dtype=dtype)  # onto train.device in train.dtype
-    place_actors(actors, device, dtype, train.attention)  # anything not loaded there; the attention kernels
-    place_autocast(actors, train.dtype, device, log)  # dtype auto: bfloat16 autocast where the CPU has it
-    config = grpo_config(scenario)
-    if earlier is not None:  # the KL is to the earlier policy: the reference is the start weights
-        import dataclasses
-
-        from trainers.continual import continual_beta
-
-        config = dataclasses.replace(config, beta=continual_beta(scenario))
-    selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else scenario.spec.mode != "cooperative"
-    trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, selfplay=selfplay, log=log)
+        actors, seats = build_actors(scenario, base, temperature=grpo.temperature, top_p=grpo.top_p, seed=grpo.seed,
+                                     lora=config.lora, device=device, dtype=dtype)  # on train.device in train.dtype
+    place_actors(actors, device, dtype, grpo.attention)  # anything not loaded there; the attention kernels
+    place_autocast(actors, grpo.dtype, device, log)  # dtype auto: bfloat16 autocast where the CPU has it
+    trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, log=log)
+    features = ()
     if earlier is not None:
         from trainers.continual import attach
 
-        attach(earlier, trainer, log)
-    return scenario, train_tasks, eval_tasks, trainer
+        features = (attach(earlier, config.continual, trainer, log),)
+    return Prepared(scenario, train_tasks, eval_tasks, trainer, features)
+
+
+def _open_earlier_run(options: RunOptions, scenario, config, log):
+    """--init-from's earlier run, checked before any model is built (one line, exit 2), or None."""
+    if options.init_from is None:
+        if scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
+            log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
+        return None
+    from trainers.continual import open_earlier_run
+
+    earlier = open_earlier_run(options.init_from, scenario, config)
+    if "warmup" in scenario.spec.train.stages:
+        log("--init-from: the warm-up stage is skipped (the policy starts trained, and the KL reference is the "
+            "earlier policy)")
+    return earlier
+
+
+def _check_backend(config, log) -> None:
+    """A generation server that does not answer, an unreachable Ray cluster or one with too few resources:
+    one line and exit 2 before any model is built."""
+    if config.backend.engine.kind == "http":
+        from trainers.engine.http import served_models
+
+        served_models(config.backend.engine.url, config.backend.engine.timeout_s)
+    if config.backend.kind == "ray":
+        from trainers.ray.cluster import check_resources, connect
+
+        connect(config.backend.ray, log=log)
+        check_resources(config.backend.ray)
 
 
 def _probe_judges(scenario) -> None:
@@ -117,7 +134,7 @@ def _probe_judges(scenario) -> None:
         raise RunError(str(error)) from None
 
 
-def _earlier_team(earlier, scenario, options: RunOptions, device, dtype, log):
+def _earlier_team(earlier, scenario, options: RunOptions, config, device, dtype, log):
     """(actors, seats) playing an earlier run's policies (trainers/continual.py), each model's context checked
     as the base's is."""
     from trainers.continual import earlier_actors
@@ -131,20 +148,7 @@ def _earlier_team(earlier, scenario, options: RunOptions, device, dtype, log):
     for directory in earlier.models.values():  # a full model: its own context
         if (directory / "config.json").is_file():
             check_context(scenario, directory_context(directory))
-    return earlier_actors(earlier, scenario, base, device=device, dtype=dtype)
-
-
-def grpo_config(scenario):
-    """The GRPOConfig of a scenario: every knob of its `train` section, by name, plus the two derived
-    ones (`DERIVED_KNOBS`): steps = every stage's steps, max_new_tokens = the agents' longest max_tokens."""
-    from trainers.grpo.config import DERIVED_KNOBS, GRPOConfig
-    from trainers.stages.warmup import stage_plan
-
-    train = scenario.spec.train
-    derived = {"steps": sum(steps for _, steps in stage_plan(train)),
-               "max_new_tokens": max(agent.max_tokens for agent in scenario.spec.agents)}
-    assert set(derived) == set(DERIVED_KNOBS), "every derived GRPO knob is derived here"
-    return GRPOConfig(**train.grpo_knobs(), **derived)
+    return earlier_actors(earlier, scenario, base, config.grpo, config.lora, device=device, dtype=dtype)
 
 
 def _needs_model(scenario) -> bool:
@@ -179,7 +183,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
 
     name = scenario.spec.train.model
     if name != "tiny":
-        from judges.model.chat import check_model_dir
+        from common.chat import check_model_dir
         from trainers.policy.gguf import GGUFError, resolve_model_dir
 
         try:  # a .gguf file or a packaged model's name: converted once into the model cache
@@ -241,20 +245,21 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     # backend moves it into an actor), its cache opened in the run directory once that is known (_run)
     with installed(JudgeLedger(log=log)):
         try:
-            scenario, train_tasks, eval_tasks, trainer = prepare(options, log)
+            prepared = prepare(options, log)
         except BaseException:  # a run that fails to start leaves no Ray cluster behind
             from trainers.ray.cluster import shutdown
 
             shutdown(only_if_started_here=True)
             raise
-        out = Path(options.out or f"runs/{scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        trainer = prepared.trainer
+        out = Path(options.out or f"runs/{prepared.scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         engine = None
         try:
             from trainers.engine.http import attach_http_engine
 
-            engine = attach_http_engine(trainer.actors, scenario.spec.train.engine, out, log)
+            engine = attach_http_engine(trainer.actors, trainer.config.backend.engine, out, log)
             with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
-                return _run(options, scenario, train_tasks, eval_tasks, trainer, out, log)
+                return _run(options, prepared, out, log)
         finally:  # Ctrl-C included: the checkpoint is written first, then the Ray workers stop
             _close_backend(trainer, engine)
 
@@ -271,27 +276,28 @@ def _close_backend(trainer, engine=None) -> None:
         shutdown(only_if_started_here=True)
 
 
-def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) -> dict:
-    from trainers.runs.atomic import write_text_atomically
+def _run(options, prepared: Prepared, out: Path, log) -> dict:
+    from common.files import write_text_atomically
+    from trainers.continual import record_scenario
+    from trainers.judging import all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache
     from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
     from trainers.runs.report import truncate_metrics, truncate_tables
     from trainers.runs.rundir import open_run_directory
+    from trainers.stages.loop import evaluate_held_out, run_steps
+    from trainers.stages.warmup import sft_warmup_stage
     from trainers.team.budgets import log_budget_curve
-    from trainers.team.evaluation import evaluate_team
-    from trainers.judging import all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache
-    from trainers.stages.warmup import sft_warmup_stage, stage_plan
 
-    from trainers import continual
-
-    spec, train = scenario.spec, scenario.spec.train
+    scenario, train_tasks, trainer, features = prepared.scenario, prepared.train_tasks, prepared.trainer, prepared.features
+    spec, config = scenario.spec, trainer.config
+    continual = next(iter(features), None)  # --init-from: trainers.continual.Continual
     resumed = open_run_directory(out, options.resume, log)
     open_run_judge_cache(scenario, out)  # in the run directory: a resume reads back every judgment already paid for
-    continual.mark(out, trainer)  # --init-from: recorded before anything can fail, so a resume stays continual
+    if continual is not None:
+        continual.mark(out)  # recorded before anything can fail, so a resume stays continual
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
         from judges.rules.sandbox import describe
         log(describe())  # which barriers contain the model's code on this machine
-    plan = stage_plan(train)
-    eval_tasks = eval_tasks[:train.eval_tasks] if train.eval_tasks else eval_tasks
+    eval_tasks = prepared.eval_tasks[:config.loop.eval_tasks] if config.loop.eval_tasks else prepared.eval_tasks
     if resumed is not None:
         load_checkpoint(trainer, resumed)
         truncate_metrics(out / "metrics.jsonl", trainer.step_count)
@@ -299,7 +305,7 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
         log(f"resumed from {resumed} at step {trainer.step_count}")
     before = _read_json(out / "before.json") if resumed is not None else None
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
-        before = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
+        before = evaluate_held_out(trainer, eval_tasks)
         drain_judge_lines(log)
         if all_masked(before):  # nothing to compare the run against, and the judges fail on every episode
             raise RunError(all_masked_line(before, "before training"))
@@ -307,32 +313,34 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     if before and "team_success" in before:
         log(f"held-out team success before: {before['team_success']:.3f}{_formed(before)} ({len(eval_tasks)} tasks, "
             "temperature 0)")
-    kept = continual.start(out, trainer, log)  # --init-from: the old held-out set before (None otherwise)
-    if resumed is None and "warmup" in train.stages:
-        report = sft_warmup_stage(trainer, scenario, train_tasks, train.warmup, log)
+    kept = continual.start(out, log) if continual is not None else None  # the old held-out set before
+    if resumed is None and "warmup" in config.stages.names:
+        report = sft_warmup_stage(trainer, scenario, train_tasks, config.stages.warmup, log)
         if report["sft_steps"]:
             trainer.restart_frozen_copies()  # the KL reference and the first opponent are the warmed-up model
         write_text_atomically(out / "warmup.json", json.dumps(report))
-    tracker = _tracker(options, scenario, out, trainer.step_count)
+    tracker = _tracker(options, scenario, config.tracking, out, trainer.step_count)
     started = time.perf_counter()
     with tracker:  # an exception or Ctrl-C finishes the W&B run as failed
-        _train(trainer, plan, train_tasks, tracker, out, log, eval_tasks)
+        run_steps(trainer, train_tasks, tracker, out, log, eval_tasks, features)
         checkpoint = final_checkpoint(trainer, out)
-        after = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents) if eval_tasks else {}
+        after = evaluate_held_out(trainer, eval_tasks) if eval_tasks else {}
         drain_judge_lines(log)
         if all_masked(after):
             log(all_masked_line(after, "after training"))
         write_text_atomically(out / "after.json", json.dumps(after))
-        kept = continual.finish(out, trainer, kept, log)  # and after: the forgetting
+        kept = continual.finish(out, kept, log) if continual is not None else None  # and after: the forgetting
         budget_section = log_budget_curve(trainer, eval_tasks, tracker, out, log)  # train.budget_curve; [] by default
-        summary = _summary(trainer, before, after, time.perf_counter() - started, plan)
+        summary = _summary(trainer, before, after, time.perf_counter() - started, list(config.stages.plan))
         if kept is not None:
-            summary["continual"] = continual.summary_figures(kept, before, after)
-            budget_section += "\n" + continual.report_section(kept, spec.name, before, after, len(eval_tasks))
+            from trainers.continual import report_section, summary_figures
+
+            summary["continual"] = summary_figures(kept, before, after)
+            budget_section += "\n" + report_section(kept, spec.name, before, after, len(eval_tasks))
         tracker.summary(summary)
         tracker.log_artifact(checkpoint, name=f"{spec.name}-checkpoint", type="model",
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
-    continual.record_scenario(out, options.scenario, options.overrides, spec)  # what a later --init-from loads
+    record_scenario(out, options.scenario, options.overrides, spec.name, config)  # what a later --init-from loads
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
     report = _write_report(out, spec, before, after, trainer, budget_section)
     if after and "team_success" in after:
@@ -342,137 +350,15 @@ def _run(options, scenario, train_tasks, eval_tasks, trainer, out: Path, log) ->
     return summary
 
 
-def _train(trainer, plan, train_tasks, tracker, out: Path, log, eval_tasks=()) -> None:
-    """The step loop across stages: log, tables, held-out evaluations (train.eval_every), checkpoints;
-    Ctrl-C writes a checkpoint."""
-    from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
-    from trainers.runs.progress import ProgressPrinter
-    from trainers.continual import old_evaluation_due, run_step
-    from trainers.stages.warmup import stage_at
-
-    from judges.model.ledger import active
-    from trainers.judging import JudgeCounts, drain_judge_lines
-
-    total = sum(steps for _, steps in plan)
-    progress = ProgressPrinter(total=total, start=trainer.step_count, log=log)
-    judge_counts = JudgeCounts(active())  # judge/<name>/calls, cache_hits, failures, retries of each step
-    every = trainer.spec.train.checkpoint_every
-    signals = _signals_so_far(out, trainer.step_count)  # a resumed run judges its start as an unbroken one
-    with checkpoint_on_interrupt(trainer, out, log) as stop_requested:
-        while trainer.step_count < total:
-            stage, within = stage_at(plan, trainer.step_count)
-            metrics = run_step(trainer, stage, within, train_tasks, log)  # a continual run's replay steps too
-            metrics.update(_evaluation_due(trainer, eval_tasks, log))
-            metrics.update(old_evaluation_due(trainer, metrics, log))  # and its old held-out set
-            metrics.update(judge_counts.step())
-            drain_judge_lines(log)
-            if len(signals) < WEAK_START_STEPS:  # judged at step 5 exactly (a shorter run is not judged)
-                signals.append(metrics.get("train/signal_groups", math.nan))
-                if len(signals) == WEAK_START_STEPS:
-                    metrics.update(_weak_start(signals, trainer.config.group_size, log))
-            tracker.log(metrics)
-            progress.update(metrics)
-            if trainer.step_count % TABLE_EVERY == 0 or trainer.step_count == total:
-                _log_tables(trainer, tracker)
-            if trainer.step_count % every == 0:
-                save_checkpoint(trainer, out)
-            if stop_requested():
-                raise KeyboardInterrupt
-
-
-def _signals_so_far(out: Path, step: int) -> list[float]:
-    """train/signal_groups of the steps already in metrics.jsonl (a resume), so the weak-start check
-    sees the run's first steps whether or not it was interrupted among them."""
-    if step == 0:
-        return []
-    from trainers.runs.report import read_metrics
-
-    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
-    return [row.get("train/signal_groups", math.nan) for row in rows if row.get("train/step", 0) <= WEAK_START_STEPS]
-
-
-def _weak_start(signals: list[float], group_size: int, log) -> dict:
-    """`guard/weak_start` (1 or 0) after the run's first steps, and one plain line when the start is too
-    weak for RL: almost no group of G plays of a task scored differently for any agent (all right or,
-    far more often, all wrong), so group-relative advantages are ~0 and nothing is learnt."""
-    finite = [value for value in signals if math.isfinite(value)]
-    share = statistics.fmean(finite) if finite else math.nan
-    if not finite or share >= WEAK_SIGNAL:
-        return {"guard/weak_start": 0.0}
-    log(f"weak start: in the first {len(signals)} steps only {share:.0%} of the agents' groups "
-        f"of {group_size} plays of a task scored differently (train/signal_groups), so RL has almost nothing to "
-        "learn from; warm the model up further (train.warmup.sft_max_steps, with 'warmup' in train.stages), add "
-        "partial credit (a process or format reward layer), raise train.group_size or train.temperature, or use "
-        "a stronger train.model")
-    return {"guard/weak_start": 1.0}
-
-
 def _formed(figures: dict) -> str:
     """`; well formed 0.95` when the scenario scores the format (evaluate_team's well_formed), else ''."""
     return f"; well formed {figures['well_formed']:.3f}" if "well_formed" in figures else ""
 
 
-def _evaluation_due(trainer, eval_tasks, log) -> dict:
-    """The held-out figures at temperature 0 as `eval/*` (with `eval/step`) when train.eval_every says this
-    step is due, else {}. The fixed evaluation set and seeds of before.json and after.json, so the curve
-    joins them. Greedy decoding draws nothing from the models' sampling generators, so the training
-    steps are those of a run without it (a scripted `random` agent's own generator does advance)."""
-    from trainers.team.evaluation import evaluate_team
-
-    every = trainer.spec.train.eval_every
-    if not every or not eval_tasks or trainer.step_count % every:
-        return {}
-    figures = evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
-    games = "".join(f"; {key} {value:.3f}" for key, value in figures.items()
-                    if key.startswith("game/") or (key.startswith("vs/") and key.count("/") == 2))
-    log(f"held-out at step {trainer.step_count}: team success {figures.get('team_success', math.nan):.3f}{games} "
-        f"({len(eval_tasks)} tasks, temperature 0)")
-    return {"eval/step": trainer.step_count, **{f"eval/{key}": value for key, value in figures.items()}}
-
-
-def _log_tables(trainer, tracker) -> None:
-    """Samples (observation, message, agent, reward, advantage, credit) and per-episode credit."""
-    last = trainer.last_step
-    if last is None:
-        return
-    batch, rewards, advantages, credits = last.batch, last.rewards, last.advantages, last.credits
-    samples, credit_rows = [], []
-    for index, episode in enumerate(batch.episodes[:TABLE_ROWS]):
-        estimate = credits[index] if credits is not None else None
-        for turn in episode.turns:
-            credit = estimate.values[turn.agent] if estimate is not None else None
-            samples.append([trainer.step_count, index, episode.job.task.id, turn.agent, turn.observation, turn.text,
-                            episode.rewards.get(turn.agent), rewards[index][turn.agent],
-                            advantages[turn.agent][index], credit])
-        if estimate is not None:
-            for agent in trainer.agents:
-                credit_rows.append([trainer.step_count, index, episode.job.task.id, agent, estimate.values[agent],
-                                    estimate.stderr.get(agent), episode.team_reward(), estimate.method])
-    tracker.log_table("samples", ["step", "episode", "task", "agent", "observation", "message", "env_reward",
-                                  "reward", "advantage", "credit"], samples)
-    tracker.log_table("judgments", ["step", "episode", "task", "candidate", "layer", "kind", "status", "score",
-                                    "rationale"], _judgment_rows(trainer.step_count, batch.episodes[:TABLE_ROWS]))
-    if credit_rows:
-        tracker.log_table("credit", ["step", "episode", "task", "agent", "credit", "stderr", "team_reward",
-                                     "method"], credit_rows)
-
-
-def _judgment_rows(step: int, episodes) -> list[list]:
-    """Every scorer's verdict (rule verifiers and judges) on the logged episodes."""
-    rows = []
-    for index, episode in enumerate(episodes):
-        for candidate, breakdown in episode.breakdown.items():
-            for component in breakdown.components:
-                rows.append([step, index, episode.job.task.id, candidate, component["layer"], component["kind"],
-                             component["status"], component["score"], (component["rationale"] or "")[:200]])
-    return rows
-
-
-def _tracker(options: RunOptions, scenario, out: Path, step: int):
+def _tracker(options: RunOptions, scenario, tracking, out: Path, step: int):
     """The run's tracker (--tracker, else train.tracking); a resume continues the same W&B run."""
     from trainers.runs.tracking import run_tracker
 
-    tracking = scenario.spec.train.tracking
     return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
 

@@ -6,12 +6,11 @@
     backend.py         the contract between judges and whatever answers their prompts
     openai_backend.py  any OpenAI-compatible endpoint (the only openai import)
     local_backend.py   a local transformers model
-    chat.py            the one rendering of chat messages (render_chat), the stop ids, model-directory checks
     simulated.py       a simulated judge shaped like openai.AsyncOpenAI, for tests and benches
     cache.py           a content-addressed on-disk cache of responses
     factory.py         a judge from a scenario's `judges:` entry, optionally calibrated
     reward_model.py    a trained reward model (marl rm train) as a scorer and a pairwise judge
     gguf_source.py     where a GGUF model (a .gguf file, a packaged model's name) lies; no torch
 
-May import: judges' top, judges.stats (calibration, Dawid-Skene) inside functions.
+May import: common (chat rendering), judges' top, judges.stats (calibration, Dawid-Skene) inside functions.
 """

@@ -5,7 +5,7 @@ payloads (`chat(payload) -> dict`); `LocalBackend(model_dir)` is the `ChatBacken
 generation in a worker thread so judges can await it. torch and transformers are imported here, lazily
 on first use of this module's classes; nothing else in `judges` needs them.
 
-The prompt is `judges.model.chat.render_chat` (the tokenizer's chat template when it has one, else
+The prompt is `common.chat.render_chat` (the tokenizer's chat template when it has one, else
 the messages' contents joined by newlines), the rendering the trainers give an agent's turn, and
 generation stops at any of the model's end tokens (`stop_token_ids`), which the text never contains.
 temperature 0 means greedy; with logprobs, every generated token comes with its logprob and
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from judges.model.backend import ChatRequest, ChatResponse, checked_response
-from judges.model.chat import ensure_pad_token, render_chat, stop_token_ids
+from common.chat import ensure_pad_token, render_chat, stop_token_ids
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for a probability of 0
 
@@ -203,7 +203,7 @@ class LocalModel:
                 isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             raise RequestError(400, "invalid_request_error", "messages must be a non-empty list of "
                                                              "{role, content} objects with string content")
-        # the one rendering the trainers use for an agent's turn too (judges/model/chat.py)
+        # the one rendering the trainers use for an agent's turn too (common/chat.py)
         ids = self.tokenizer(render_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"]
         if not ids:
             raise RequestError(400, "invalid_request_error", "the prompt tokenised to nothing")

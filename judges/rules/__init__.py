@@ -9,5 +9,5 @@
     sandbox.py       run untrusted Python under kernel layers (parent side)
     sandbox_child.py the child's first code; sandbox_layers.py: seccomp BPF and Landlock paths
 
-May import: judges' top (types, imports, strict_json).
+May import: common (imports), judges' top (types, strict_json).
 """

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from judges.imports import resolve_callable
+from common.imports import resolve_callable
 from judges.types import Scorer
 
 

@@ -6,5 +6,5 @@
     probes.py       counterfactual probes: perturbations that leave quality unchanged
     bias_report.py  the bias report: a pairwise judge on items and probes, biases with CIs, grades
 
-May import: judges' top, judges.model (running a judge for the report) inside functions.
+May import: common (atomic files), judges' top, judges.model (running a judge for the report) inside functions.
 """

@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from judges.strict_json import all_finite, plain, write_text_atomically
+from common.files import write_text_atomically
+from judges.strict_json import all_finite, plain
 from judges.stats.inference import brier_score, expected_calibration_error, logistic_fit, logit, sigmoid
 
 FORMAT_VERSION = 1

@@ -6,5 +6,33 @@
     coalitions.py  coalition values of a scenario: what the team earns when only some agents play
     replay.py      per-episode credit from counterfactual replays of a played batch
 
+Public names (imported on first use): the estimators `shapley`, `banzhaf`, `owen`, `myerson`,
+`difference_rewards`, `least_core`, and their result `CreditEstimate`.
+
 May import: marl's core nouns (types, rollout). Torch-free.
 """
+
+_PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
+    "shapley": "marl.credit.estimators:shapley",
+    "banzhaf": "marl.credit.estimators:banzhaf",
+    "owen": "marl.credit.estimators:owen",
+    "myerson": "marl.credit.estimators:myerson",
+    "difference_rewards": "marl.credit.estimators:difference_rewards",
+    "least_core": "marl.credit.estimators:least_core",
+    "CreditEstimate": "marl.credit.exact:CreditEstimate",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    """The public name `name`, imported from its module now: importing the package itself loads nothing."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, _, attribute = _PUBLIC[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

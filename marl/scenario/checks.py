@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
-from judges.imports import resolve_callable
+from common.imports import resolve_callable
 from judges.rules.patterns import compile_pattern
 
 ALLOWED_TOOL_MODULES = frozenset({"math", "statistics"})

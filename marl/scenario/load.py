@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from marl.scenario.graph import check_graph
-from judges.imports import resolve_callable
+from common.imports import resolve_callable
 from marl.scenario import checks as scenario_checks
 from marl.scenario.overrides import apply_overrides
 from marl.scenario.problems import Problem, ScenarioError, shape_problems, where

@@ -6,7 +6,7 @@
 Both read the same KEY=VALUE grammar (`split_override`: a dotted key path, `=`, the value) into the
 settings as plain data, which the caller then validates against its one schema: a scenario against
 `marl.scenario.spec.ScenarioSpec` (problems located by `marl.scenario.problems`), the demo's GRPO knobs
-against `GRPOKnobs` through `trainers.grpo.config.GRPOConfig`. Values differ in one way only: in a
+against `trainers.grpo.config.GRPOConfig`. Values differ in one way only: in a
 scenario a value is YAML (it may be a list or a section), while for typed settings it is read as the
 type its key declares (a number, true/false, comma-separated numbers, text).
 """

@@ -6,9 +6,9 @@ pydantic; cross-references (agent names in the graph, tools, teams, imports) are
 what is wrong (how to fix it)` by `marl.scenario.load.load_scenario`.
 
 Sections whose meaning later modules give (`credit`, `judges`, `train`) are validated for shape here
-so that a typo fails at load time, not an hour into a run. `GRPOKnobs` is the one definition of every
-GRPO knob: the `train` section holds each under its own name (but `DERIVED_KNOBS`), and
-`trainers.grpo.config.GRPOConfig` is built from it; its other sub-sections (tracking, self-play, stages,
+so that a typo fails at load time, not an hour into a run. `TrainKnobs` is the one definition of every
+GRPO knob a scenario sets: the `train` section holds each under its own name, and
+`trainers.grpo.config.GRPOConfig` adds the two derived ones (`DERIVED_KNOBS`); `train`'s other sub-sections (tracking, self-play, stages,
 LoRA, continual, Ray) and the `Strict` base live in `marl.scenario.sections`. Option lists come from
 `marl.options`.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
@@ -276,19 +276,17 @@ class JudgeSpec(Strict):
 AdamBeta = Annotated[float, Field(ge=0, lt=1)]  # an AdamW beta: a decay rate in [0, 1)
 
 
-class GRPOKnobs(Strict):
-    """Every knob of the GRPO core, defined once: name, type, default, bounds and a one-line doc.
+class TrainKnobs(Strict):
+    """The GRPO knobs a scenario's `train` section sets by name, each defined once: name, type, default,
+    bounds and a one-line doc.
 
-    `trainers.grpo.config.GRPOConfig` is built from these fields and checked by this model, and a
-    scenario's `train` section holds every one of them under its own name except `DERIVED_KNOBS`.
-    The defaults train the tiny model on a small CPU.
+    `trainers.grpo.config.GRPOConfig` is this class plus the two knobs `marl run` derives from the
+    scenario (`DERIVED_KNOBS`: the steps of every stage, the agents' longest message); `TrainSpec` is
+    this class plus the run's own settings. The defaults train the tiny model on a small CPU.
     """
 
-    steps: int = Field(30, ge=1, description="optimizer steps of the run (each plays prompts_per_step x "
-                                              "group_size completions)")
     prompts_per_step: int = Field(8, ge=1, description="prompts per step, all drawn from one difficulty bucket")
     group_size: int = Field(8, ge=2, description="G: completions per prompt; advantages are relative within a group")
-    max_new_tokens: int = Field(8, ge=1, description="longest completion; rows stop at EOS before that")
     temperature: float = Field(1.0, gt=0, description="sampling temperature; logprobs are taken at logits / "
                                                       "temperature, as in TRL")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 = off)")
@@ -357,7 +355,7 @@ class GRPOKnobs(Strict):
                                                            "attention, else shared_prompt)")
 
     @model_validator(mode="after")
-    def _moving_reference_needs_kl(self) -> GRPOKnobs:
+    def _moving_reference_needs_kl(self) -> TrainKnobs:
         return check_moving_reference(self)
 
 
@@ -375,14 +373,9 @@ DERIVED_KNOBS = {
 }
 """GRPO knobs a scenario does not set by name: `marl run` derives them from the scenario."""
 
-TrainKnobs = create_model(
-    "TrainKnobs", __base__=Strict, __module__=__name__,
-    __doc__="The GRPO knobs of a scenario's `train` section: every GRPOKnobs field but DERIVED_KNOBS.",
-    **{name: (info.annotation, info) for name, info in GRPOKnobs.model_fields.items() if name not in DERIVED_KNOBS})
-
 
 class TrainSpec(TrainKnobs):
-    """Training settings: the GRPO knobs (TrainKnobs, names as in GRPOKnobs) plus the run's own."""
+    """Training settings: the GRPO knobs (TrainKnobs) plus the run's own."""
 
     steps: int = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
     stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"])
@@ -422,7 +415,7 @@ class TrainSpec(TrainKnobs):
 
     @model_validator(mode="after")
     def _moving_reference_needs_kl(self) -> TrainSpec:
-        return check_moving_reference(self, "train.")
+        return check_moving_reference(self, "train.")  # TrainKnobs' check, its message naming train.beta
 
     @model_validator(mode="after")
     def _http_engine_serves_adapters(self) -> TrainSpec:
@@ -442,7 +435,7 @@ class TrainSpec(TrainKnobs):
         return sorted(value)
 
     def grpo_knobs(self) -> dict[str, Any]:
-        """The GRPO knobs this section sets, by name (everything of GRPOKnobs but DERIVED_KNOBS)."""
+        """The GRPO knobs this section sets, by name (every TrainKnobs field; GRPOConfig adds DERIVED_KNOBS)."""
         return {name: getattr(self, name) for name in TrainKnobs.model_fields}
 
 

@@ -10,7 +10,7 @@ import collections
 import sys
 from pathlib import Path
 
-PACKAGES = ("marl", "judges", "trainers")
+PACKAGES = ("common", "judges", "marl", "trainers")
 
 
 def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:

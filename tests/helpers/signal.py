@@ -4,7 +4,7 @@ What a model samples from a seed differs across CPUs (AVX2, AVX-512, AMX give sl
 so a group of plays can score alike on one machine and differently on another; a test that needs an
 update to happen (weights that move, a KL that grows, a non-zero loss) must not rely on the samples'
 rewards having a spread. `by_seed` adds 10 to the reward of every odd-seeded episode: the members of a
-group have consecutive seeds (trainers/team/trainer.py, `_jobs`), and rewards and credits lie in [-1, 1],
+group have consecutive seeds (trainers/team/trainer.py, `_play`), and rewards and credits lie in [-1, 1],
 so every group of two or more plays has a spread, whatever was sampled.
 """
 
@@ -16,7 +16,7 @@ OFFSET = 10.0
 
 
 def by_seed(episode, agent, reward):
-    """A reward transform (MultiAgentTrainer.step(reward_transform=...)): the reward, plus 10 on odd seeds."""
+    """A reward transform (a StepPlan's reward_transform): the reward, plus 10 on odd seeds."""
     if isinstance(reward, float) and math.isnan(reward):
         return reward  # a masked reward stays masked
     return reward + OFFSET * (episode.job.seed % 2)
@@ -25,16 +25,21 @@ def by_seed(episode, agent, reward):
 def with_signal(monkeypatch) -> None:
     """Make every MultiAgentTrainer.step of the test (a `marl run` called in-process included) apply
     `by_seed` after whatever reward transform the step was given."""
-    from trainers.team.trainer import MultiAgentTrainer
+    from dataclasses import replace
+
+    from trainers.team.trainer import MultiAgentTrainer, StepPlan
 
     step = MultiAgentTrainer.step
 
-    def signalled(self, *args, reward_transform=None, **kwargs):
+    def signalled(self, plan=None):
+        plan = plan or StepPlan()
+        given = plan.reward_transform
+
         def transform(episode, agent, reward):
-            if reward_transform is not None:
-                reward = reward_transform(episode, agent, reward)
+            if given is not None:
+                reward = given(episode, agent, reward)
             return by_seed(episode, agent, reward)
 
-        return step(self, *args, reward_transform=transform, **kwargs)
+        return step(self, replace(plan, reward_transform=transform))
 
     monkeypatch.setattr(MultiAgentTrainer, "step", signalled)

@@ -50,38 +50,41 @@ def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _continual(earlier: Path, *extra: str):
+    """The trainer of a continual run of `earlier` (`.features`: its Continual)."""
     from trainers.run import RunOptions, prepare
 
-    return prepare(RunOptions("relay", SMALL + NEW + list(extra), init_from=str(earlier)), log=_quiet)[-1]
+    return prepare(RunOptions("relay", SMALL + NEW + list(extra), init_from=str(earlier)), log=_quiet)
 
 
 def test_init_from_restores_the_earlier_policy_exactly_and_the_kl_to_it_is_0_at_the_first_step(
         earlier, demo_model_dir):
     from trainers.policy.tinylm import load_policy
 
-    trainer = _continual(earlier, "train.continual.kl=0.1")
+    trainer = _continual(earlier, "train.continual.kl=0.1").trainer
     saved, tokenizer = load_policy(_checkpoint(earlier) / "model")
     base, _ = load_policy(demo_model_dir)
     ids = torch.tensor([tokenizer.encode("12+35=47"), tokenizer.encode("(20+31)+(44+18)=")[:8]])
     restored = _logprobs(trainer.actors["shared"].model, ids)
     assert torch.equal(restored, _logprobs(saved, ids))  # the same logprobs, bit for bit
     assert not torch.equal(restored, _logprobs(base, ids))  # and not those of the model the earlier run started from
-    assert trainer.config.beta == 0.1 and "warmup" not in trainer.spec.train.stages
+    assert trainer.grpo.beta == 0.1 and "warmup" not in trainer.config.stages.names
     assert trainer.step()["train/kl"] == 0.0  # the reference is the earlier policy itself
 
 
 def test_a_replay_step_plays_the_earlier_scenarios_tasks_there(earlier):
     from marl.scenario.load import load_scenario
 
-    trainer = _continual(earlier, "train.continual.replay=0.5")
-    continual = trainer.continual
+    prepared = _continual(earlier, "train.continual.replay=0.5")
+    trainer, (continual,) = prepared.trainer, prepared.features
     assert [continual.replay_due(step) for step in range(4)] == [False, True, False, True]
     old_prompts = {task.prompt for task in load_scenario("relay", SMALL).split()[0]}
     new_prompts = {task.prompt for task in trainer.tasks.values()}
-    metrics = continual.replay_step(trainer)
+    assert continual.step_plan(trainer, "main", 0) is None  # not due: the stage plays its own step
+    plan = continual.step_plan(trainer, "main", 1)
+    metrics = {**trainer.step(plan), **continual.after_step(trainer, {})}
     played = {episode.job.task.prompt for episode in trainer.last_step.episodes}
     assert metrics["continual/replay"] == 1.0 and played <= old_prompts and not played & new_prompts
-    assert trainer.spec.name == "relay" and trainer.tasks  # the new scenario is back for the next step
+    assert trainer.buckets.state_dict()["task_ids"] == list(trainer.tasks)  # replayed tasks stay out of the sampler
     trainer.step()
     assert {episode.job.task.prompt for episode in trainer.last_step.episodes} <= new_prompts
 
@@ -90,7 +93,7 @@ def test_lora_adapters_are_restored_and_the_reference_is_the_earlier_adapter(tmp
     from trainers.policy.adapters import load_adapter_dir
 
     run = _finished_run(tmp_path / "lora", "train.lora.r=4", "train.lr=1e-3")
-    trainer = _continual(run, "train.lora.r=4", "train.lr=1e-3", "train.continual.kl=0.05")
+    trainer = _continual(run, "train.lora.r=4", "train.lr=1e-3", "train.continual.kl=0.05").trainer
     saved, tokenizer = load_adapter_dir(_checkpoint(run) / "model")
     ids = torch.tensor([tokenizer.encode("12+35=47")])
     policy, learner = trainer.actors["shared"].model, trainer.learners["shared"]
@@ -152,7 +155,7 @@ def test_a_frozen_agent_plays_the_base_model_not_the_earlier_trained_policy(tmp_
 
     frozen = ["agents.2.policy=own", "agents.2.trainable=false"]
     run = _finished_run(tmp_path / "frozen", *frozen)
-    trainer = _continual(run, *frozen)
+    trainer = _continual(run, *frozen).trainer
     base, _ = load_policy(demo_model_dir)
     saved, _ = load_policy(_checkpoint(run) / "model")
     ids = torch.tensor([[5, 6, 7, 8]])

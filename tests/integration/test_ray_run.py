@@ -137,7 +137,7 @@ def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_di
             overrides = ["train.group_size=4", "train.prompts_per_step=2", "agents.0.policy=own",
                          "agents.0.trainable=false", "agents.1.policy=openai:adder", f"agents.1.base_url={server.url}",
                          "agents.1.api_key_env=null", f"train.backend={backend}", "train.ray.num_cpus=0.5"]
-            _, _, _, trainer = prepare(RunOptions("relay", overrides), log=lambda *_: None)
+            _, _, _, trainer, _ = prepare(RunOptions("relay", overrides), log=lambda *_: None)
             try:
                 rows = [trainer.step() for _ in range(2)]
             finally:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from trainers.cli.main import main
+from trainers.team.trainer import StepPlan
 from helpers.scenario_files import race_yaml
 from helpers.paths import SCENARIOS
 from helpers.signal import by_seed, with_signal
@@ -170,11 +171,11 @@ def test_self_play_trains_against_frozen_snapshots_and_logs_ratings(demo_model_d
     from trainers.run import RunOptions, prepare
 
     options = RunOptions(str(_race_scenario(tmp_path)), ["train.group_size=4", "train.prompts_per_step=2"])
-    _, _, _, trainer = prepare(options, log=lambda *_: None)
+    _, _, _, trainer, _ = prepare(options, log=lambda *_: None)
     assert trainer.pool is not None and set(trainer.learners) == {"shared"}
     learner, opponent = trainer.actors["shared"].model, trainer.actors["opponent"].model
     start = {name: p.detach().clone() for name, p in learner.named_parameters()}
-    metrics = [trainer.step(reward_transform=by_seed) for _ in range(3)]  # by_seed: every step has a signal
+    metrics = [trainer.step(StepPlan(reward_transform=by_seed)) for _ in range(3)]  # by_seed: every step has a signal
     assert all(m["selfplay/against_snapshot"] == 1.0 for m in metrics)
     assert [m["selfplay/pool_size"] for m in metrics] == [2, 3, 4]
     assert all("selfplay/rating/learner" in m for m in metrics)
@@ -196,7 +197,7 @@ def test_fixed_opponents_take_their_share_of_self_play_steps(demo_model_dir, tmp
                     + "expert: expert_lib:add\nopponents: {expert: expert}\n")
     (tmp_path / "expert_lib.py").write_text(
         "def add(agent, observation, task):\n    return str(eval(observation.rstrip('=')))\n")
-    _, _, _, trainer = prepare(RunOptions(str(path), ["train.group_size=4", "train.prompts_per_step=2"]),
+    _, _, _, trainer, _ = prepare(RunOptions(str(path), ["train.group_size=4", "train.prompts_per_step=2"]),
                                log=lambda *_: None)
     metrics = [trainer.step() for _ in range(2)]
     assert all(m["selfplay/against_fixed"] == 1.0 and m["selfplay/against_snapshot"] == 0.0 for m in metrics)
@@ -266,12 +267,12 @@ def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, t
         overrides = ["train.group_size=4", "train.prompts_per_step=2", "agents.0.policy=own",
                      "agents.0.trainable=false", "agents.1.policy=openai:adder", f"agents.1.base_url={server.url}",
                      "agents.1.api_key_env=null"]
-        _, _, _, trainer = prepare(RunOptions("relay", overrides), log=lambda *_: None)
+        _, _, _, trainer, _ = prepare(RunOptions("relay", overrides), log=lambda *_: None)
         assert set(trainer.learners) == {"shared"}
         left = {name: p.detach().clone() for name, p in trainer.actors["left"].model.named_parameters()}
         final = {name: p.detach().clone() for name, p in trainer.actors["shared"].model.named_parameters()}
         for _ in range(2):
-            metrics = trainer.step(reward_transform=by_seed)  # a spread in every group: the learner updates
+            metrics = trainer.step(StepPlan(reward_transform=by_seed))  # a spread in every group: the learner updates
         assert server.requests == 2 * 8  # right speaks once in each of the 8 episodes of both steps
     episodes = trainer.last_step.episodes
     rights = [turn for episode in episodes for turn in episode.turns if turn.agent == "right"]
@@ -289,7 +290,7 @@ from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, load_ch
 from trainers.run import RunOptions, prepare
 
 out = sys.argv[1]
-_, _, _, trainer = prepare(RunOptions("relay", ["train.group_size=2", "train.prompts_per_step=1"]), log=lambda *_: None)
+_, _, _, trainer, _ = prepare(RunOptions("relay", ["train.group_size=2", "train.prompts_per_step=1"]), log=lambda *_: None)
 trainer.step()
 save_checkpoint(trainer, out)
 trainer.step()
@@ -331,7 +332,7 @@ def test_resuming_with_another_scenario_setting_is_refused(demo_model_dir, tmp_p
 def test_after_a_warm_up_the_kl_reference_and_first_opponent_are_the_warmed_up_model(demo_model_dir, tmp_path):
     from trainers.run import RunOptions, prepare
 
-    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), ["train.beta=0.04"]), log=lambda *_: None)
+    _, _, _, trainer, _ = prepare(RunOptions(str(_race_scenario(tmp_path)), ["train.beta=0.04"]), log=lambda *_: None)
     model = trainer.actors["shared"].model
     with torch.no_grad():  # what an SFT warm-up does: the weights move
         next(model.parameters()).add_(0.01)
@@ -405,7 +406,7 @@ def test_the_evaluations_initial_opponent_keeps_the_weights_the_run_started_with
     warm-up): a warm-up or a training step moves the learner, never that copy."""
     from trainers.run import RunOptions, prepare
 
-    _, _, _, trainer = prepare(RunOptions(str(_race_scenario(tmp_path)), ["tasks.eval_count=4"]), log=lambda *_: None)
+    _, _, _, trainer, _ = prepare(RunOptions(str(_race_scenario(tmp_path)), ["tasks.eval_count=4"]), log=lambda *_: None)
     model, initial = trainer.actors["shared"].model, trainer.eval_opponents["initial"]
     start = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():  # what an SFT warm-up does: the weights move
@@ -416,5 +417,5 @@ def test_the_evaluations_initial_opponent_keeps_the_weights_the_run_started_with
     assert not initial.trainable and all(torch.equal(kept[k], start[k]) for k in start)
     assert any(not torch.equal(model.state_dict()[k], start[k]) for k in start)
     # a run with no held-out set never evaluates, so it keeps no copy
-    _, _, _, plain = prepare(RunOptions(str(_race_scenario(tmp_path)), []), log=lambda *_: None)
+    _, _, _, plain, _ = prepare(RunOptions(str(_race_scenario(tmp_path)), []), log=lambda *_: None)
     assert plain.eval_opponents == {}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -13,7 +12,8 @@ from marl.scenario.overrides import SettingsError
 from marl.scenario.spec import DERIVED_KNOBS, TrainKnobs
 from trainers.demo import demo_config
 from trainers.grpo.config import GRPOConfig, KnobError
-from trainers.run import RunOptions, grpo_config
+from trainers.config import grpo_config
+from trainers.run import RunOptions
 
 # a valid value other than the default for every knob the train section sets: (YAML for --set, expected)
 NOT_DEFAULT = {
@@ -34,9 +34,9 @@ SETS = [f"train.{name}={raw}" for name, (raw, _) in NOT_DEFAULT.items()]
 
 
 def test_the_table_covers_every_grpo_config_field_but_the_derived_ones():
-    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    fields = set(GRPOConfig.model_fields)
     assert set(NOT_DEFAULT) == fields - set(DERIVED_KNOBS) == set(TrainKnobs.model_fields)
-    assert all(GRPOConfig.__dataclass_fields__[name].default != expected for name, (_, expected) in NOT_DEFAULT.items())
+    assert all(GRPOConfig.model_fields[name].default != expected for name, (_, expected) in NOT_DEFAULT.items())
 
 
 def test_every_knob_set_by_name_reaches_the_runs_grpo_config():
@@ -128,8 +128,8 @@ def test_epsilon_high_reaches_the_loss_of_a_marl_run(demo_model_dir, monkeypatch
     monkeypatch.setattr(objective, "policy_loss", recording)
     options = RunOptions("relay", ["train.epsilon_high=0.28", "train.prompts_per_step=2", "train.group_size=4",
                                    "tasks.count=60", "tasks.eval_count=8", "train.stages=[main]"])
-    _, _, _, trainer = prepare(options, log=lambda message: None)
-    assert trainer.config.epsilon_high == 0.28
+    _, _, _, trainer, _ = prepare(options, log=lambda message: None)
+    assert trainer.grpo.epsilon_high == 0.28
     assert {learner.config.epsilon_high for learner in trainer.learners.values()} == {0.28}
     trainer.step()
     assert seen and set(seen) == {0.28}

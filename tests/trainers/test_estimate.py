@@ -10,6 +10,7 @@ import pytest
 
 from marl.scenario.load import load_scenario
 from trainers.cli.main import main
+from trainers.config import resolve_config
 from trainers.estimate import Probe, estimate_run, project_estimate
 from trainers.run import RunOptions
 
@@ -56,8 +57,8 @@ def test_doubling_train_steps_doubles_main_stage_tokens_and_time(relay_estimate)
                   [f["update_seconds_per_step"]] * 2, [f["mean_trajectory_tokens"]], f["eval_seconds"] / 2,
                   f["eval_tasks_timed"])
     without_warmup = ["train.stages=[main]"]
-    short = project_estimate(load_scenario("relay", TINY + without_warmup), f["train_tasks"], 100, probe)
-    long = project_estimate(load_scenario("relay", TINY + without_warmup + ["train.steps=20"]), f["train_tasks"],
+    short = project_estimate("relay", resolve_config(load_scenario("relay", TINY + without_warmup)), f["train_tasks"], 100, probe)
+    long = project_estimate("relay", resolve_config(load_scenario("relay", TINY + without_warmup + ["train.steps=20"])), f["train_tasks"],
                             100, probe)
     assert long["total_steps"] == 2 * short["total_steps"] == 20
     assert long["training_tokens"] == pytest.approx(2 * short["training_tokens"])
@@ -68,7 +69,7 @@ def test_doubling_train_steps_doubles_main_stage_tokens_and_time(relay_estimate)
 def test_spread_is_reported_when_several_steps_are_timed(relay_estimate):
     f, _ = relay_estimate
     probe = Probe([9.0, 1.0, 2.0, 3.0], [0.5] * 4, [0.2] * 4, [0.3] * 4, [4, 6], 1.0, 100)
-    g = project_estimate(load_scenario("relay", TINY), f["train_tasks"], 100, probe)
+    g = project_estimate("relay", resolve_config(load_scenario("relay", TINY)), f["train_tasks"], 100, probe)
     assert g["seconds_per_step"] == 2.0 and g["seconds_per_step_sd"] == pytest.approx(1.0)
     assert g["train_seconds_range"] == (13 * 1.0, 13 * 3.0)
     assert g["credit_share"] == 0.25 and g["mean_trajectory_tokens"] == 5.0

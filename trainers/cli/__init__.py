@@ -5,5 +5,5 @@
     demo.py, validate.py, rollout.py, credit.py, serve.py, run.py, eval.py, export.py, estimate.py, judges.py
                  one command each, every one with `add_parser(commands)` and `run(args)`
 
-May import anything below it (jobs, rooms, marl, judges); nothing imports the CLI.
+May import anything below it (jobs, rooms, marl, judges, common); nothing imports the CLI.
 """

@@ -79,7 +79,7 @@ def exported_models(path: Path) -> dict[str, Path]:
 def export_one(source: Path, target: Path, merge: bool, base: str | None) -> str:
     """Write one model directory to `target`; returns what was written, in words."""
     from trainers.policy.adapters import export_merged, is_adapter_dir
-    from trainers.runs.atomic import write_directory_atomically
+    from common.files import write_directory_atomically
 
     adapter = is_adapter_dir(source)
     if adapter and merge:

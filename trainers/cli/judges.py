@@ -1,5 +1,9 @@
 """`marl judges report` and `marl judges calibrate`: probe a judge endpoint, fit a calibrator.
 
+The workflows are library functions, judges.workflows (read_items, report, calibrate, ...); this module
+parses the options, checks them, builds the judge they name, turns the workflows' errors into one line
+(exit 2) and prints the summary.
+
 Items file (JSONL), one object per line:
     {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], "gold": 0}
 `gold` (optional) is the index of the better candidate, or a score in [0, 1] of the first one.
@@ -23,70 +27,20 @@ first pair; so is a label a local model's tokenizer splits, before any call.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sqlite3
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+from judges.workflows import (SIM_BIASES, CalibrationError, NoLogprobsError, WorkflowError, calibrate,
+                              calibration_items, read_items, report, simulated_client, write_report)
 
 from trainers.cli.common import UsageError
 
-# the biases --sim-bias may set: the bias parameters of judges.model.simulated.SimulatedClient (its other
-# keywords are the judge's model, not a bias, and the quality function is the items' gold)
-SIM_BIASES = ("position", "length_slope", "format_effect", "authority", "self_preference", "master_key", "leniency")
 ITEMS_HELP = ('JSONL, one item per line: {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], '
               '"gold": 0}; gold (optional) is the index of the better candidate, or a score in [0, 1] of the first')
-
-
-def read_items(path: str | Path, gold_path: str | Path | None = None) -> list:
-    """ReportItems from a JSONL file (and an optional gold file), with FILE:LINE errors."""
-    from judges.stats.bias_report import ReportItem
-
-    items, golds = [], _read_gold(gold_path) if gold_path else {}
-    for number, line in _lines(path):
-        data = _json_line(path, number, line)
-        candidates = data.get("candidates")
-        if not isinstance(data.get("prompt"), str) or not isinstance(candidates, list) or not candidates \
-                or not all(isinstance(c, str) for c in candidates):
-            raise UsageError(f"{path}:{number}: each line needs 'prompt' (a string) and 'candidates' "
-                                "(a non-empty list of strings)")
-        item_id = str(data.get("id", number))
-        gold = golds.get(item_id, data.get("gold"))
-        if gold is not None and not (isinstance(gold, int | float) and not isinstance(gold, bool)):
-            raise UsageError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
-        items.append(ReportItem(id=item_id, prompt=data["prompt"], candidates=tuple(candidates), gold=gold))
-    if not items:
-        raise UsageError(f"{path}: no items (expected one JSON object per line)")
-    return items
-
-
-def _lines(path):
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
-    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-
-
-def _json_line(path, number, line) -> dict:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}:{number}: expected a JSON object")
-    return data
-
-
-def _read_gold(path) -> dict:
-    golds = {}
-    for number, line in _lines(path):
-        data = _json_line(path, number, line)
-        if "id" not in data or "gold" not in data:
-            raise UsageError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
-        golds[str(data["id"])] = data["gold"]
-    return golds
 
 
 # -- options, checked before any call ------------------------------------------------------------------------
@@ -155,17 +109,9 @@ def _open_cache(path: str):
                             "give a new file path or delete it") from None
 
 
-def write_json_atomically(path: str | Path, data) -> None:
-    """Strict JSON (allow_nan=False) through a synced temporary sibling and an atomic rename."""
-    from judges.strict_json import write_text_atomically
-
-    write_text_atomically(path, json.dumps(data, indent=2, allow_nan=False, default=_plain) + "\n")
-
-
 def build_judge(args, items):
     """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache, or
     the reward model of --reward-model (pairwise verdicts from reward differences; no cache needed)."""
-    from judges.model.judges import PairwiseJudge
     from judges.model.openai_backend import OpenAIBackend
 
     if args.reward_model:
@@ -173,11 +119,7 @@ def build_judge(args, items):
     if getattr(args, "local_model", None):
         return pairwise_judge(_local_backend(args), args)
     if args.simulated:
-        from judges.model.simulated import SimulatedClient
-
-        best = [i.candidates[i.gold] for i in items if isinstance(i.gold, int) and 0 <= i.gold < len(i.candidates)]
-        client = SimulatedClient(lambda text: 1.0 if any(b in text for b in best) else 0.0, sharpness=4.0,
-                                 **dict(_bias(kv) for kv in args.sim_bias))
+        client = simulated_client(items, **dict(_bias(kv) for kv in args.sim_bias))
     elif not args.base_url:
         raise UsageError("--base-url is required (or --simulated for the built-in simulated judge)")
     else:
@@ -288,57 +230,39 @@ def _bias(text: str) -> tuple[str, float]:
     return name, number
 
 
-def _preflight(judge, item) -> None:
-    """Judge one pair first, so an unreachable endpoint or a wrong model fails fast with its cause."""
-    from judges.model.backend import run_sync
-
-    if not hasattr(judge, "backend"):
-        return  # a reward model: loaded and checked already, no endpoint to reach
-    from judges.types import Candidate, Item
-
-    from judges.model.verdict import NO_LOGPROBS
-
-    second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
-    pair = run_sync(judge.compare(Item(prompt=item.prompt), Candidate(item.candidates[0]), Candidate(second)))
-    if pair.rationale == NO_LOGPROBS:  # the first reply says so: one line, before the other calls
-        raise UsageError(f"--verdict logprobs: model {judge.backend.identity} answered without logprobs, and this "
-                         "verdict reads them; use --verdict text, or an endpoint that returns logprobs (vLLM, "
-                         "SGLang, OpenAI, marl serve)")
-    answered = pair.rationale.startswith(("invalid response:", "response too large:"))  # reachable: one bad answer
-    if pair.p_a is None and pair.status in ("api_error", "timeout") and not answered:
-        raise UsageError(f"cannot judge with model {judge.backend.identity}: {pair.status}: {pair.rationale}")
+@contextmanager
+def _one_line():
+    """A workflow's bad input (judges.workflows.WorkflowError) as the command's one-line error, exit 2."""
+    try:
+        yield
+    except NoLogprobsError as error:
+        raise UsageError(f"--verdict logprobs: model {error.identity} answered without logprobs, and this verdict "
+                         "reads them; use --verdict text, or an endpoint that returns logprobs (vLLM, SGLang, OpenAI, "
+                         "marl serve)") from None
+    except WorkflowError as error:
+        raise UsageError(str(error)) from None
 
 
 def report_command(args) -> int:
-    """Run the probes and write the JSON (and markdown) report."""
-    from judges.stats.bias_report import report_markdown, run_bias_report, strict_report
-
+    """Run the probes (judges.workflows.report) and write the JSON (and markdown) report."""
     try:
         _check_reward_model(args)
         check_options(args)
-        items = read_items(args.items, args.gold)
-        judge = build_judge(args, items)
-        _preflight(judge, items[0])
-        report = strict_report(run_bias_report(judge, items, per_kind=args.per_kind, seed=args.seed,
-                                               judge_name=args.judge_name or args.model))
-        if isinstance(getattr(judge, "backend", None), Progress):  # what the judgments cost (n_calls: judgments)
-            stats = judge.backend.stats
-            report["requests"] = {"calls": stats["calls"], "cache_hits": stats["cache_hits"],
-                                  "failures": stats["failed"], "retries": stats["retries"]}
-        write_json_atomically(args.out, report)
-        if args.markdown:
-            from judges.strict_json import write_text_atomically
-
-            write_text_atomically(args.markdown, report_markdown(report))
+        with _one_line():
+            items = read_items(args.items, args.gold)
+            judge = build_judge(args, items)
+            result = report(items, judge, per_kind=args.per_kind, seed=args.seed,
+                            judge_name=args.judge_name or args.model)
+        write_report(result, args.out, args.markdown)
     except OSError as error:
         print(f"marl: error: cannot write the report: {error.strerror or error} ({error.filename or args.out})",
               file=sys.stderr)
         return 2
-    failing = [key for key, verdict in report["verdicts"].items() if verdict == "fail"]
+    failing = [key for key, verdict in result["verdicts"].items() if verdict == "fail"]
     backend = getattr(judge, "backend", None)  # a reward model has none: no endpoint, no cache
     calls = f" ({backend.counts()})" if isinstance(backend, Progress) else ""
-    summary = f"wrote {args.out}: {report['n_calls']} judgments{calls}, {report['n_failed']} failed pairs; "
-    if not any(verdict != "not estimated" for verdict in report["verdicts"].values()):
+    summary = f"wrote {args.out}: {result['n_calls']} judgments{calls}, {result['n_failed']} failed pairs; "
+    if not any(verdict != "not estimated" for verdict in result["verdicts"].values()):
         print(summary + "nothing could be graded (every judgment failed or was unparseable; see the report's notes)")
         return 1
     print(summary + (f"FAIL: {', '.join(failing)}" if failing else "no failing threshold"))
@@ -346,53 +270,34 @@ def report_command(args) -> int:
 
 
 def calibrate_command(args) -> int:
-    """Judge gold-labelled pairs and fit a Platt or isotonic calibrator bound to this judge."""
-    import warnings
-
-    import numpy as np
-
-    from judges.model.backend import run_sync
-    from judges.stats.calibration import IsotonicCalibrator, PlattCalibrator
-    from judges.stats.inference import expected_calibration_error
-    from judges.types import Candidate, Item
-
+    """Judge gold-labelled pairs and fit a Platt or isotonic calibrator bound to this judge
+    (judges.workflows.calibrate), then save it."""
     _check_reward_model(args)
     check_options(args)  # a UsageError is one line from main, exit 2, before any call
-    items = [i for i in read_items(args.items, args.gold) if i.gold is not None and len(i.candidates) >= 2]
-    if len(items) < 10:
-        raise UsageError(f"{args.items}: need at least 10 items with 2 candidates and a gold label, "
-                         f"got {len(items)}")
-    judge = build_judge(args, items)
-    _preflight(judge, items[0])
-    if args.reward_model:  # its scenario scores are pointwise: fit on those, each answer against its gold label
-        rows = _pointwise_rows(judge, items, Item, Candidate)
-    else:
-        pairs = run_sync(_compare_items(judge, items, Item, Candidate))
-        rows = [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
-                for i, p in zip(items, pairs) if p.p_a is not None]
-    if len(rows) < 2 or len({r[1] for r in rows}) < 2:
-        print(f"marl: error: only {len(rows)} of {len(items)} gold pairs were judged (the rest failed: see the "
-              "endpoint's answers); nothing to fit, nothing written", file=sys.stderr)
-        return 1
-    scores, gold = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
-    try:
-        with warnings.catch_warnings():  # a near-perfect judge separates the gold labels
-            warnings.filterwarnings("ignore", message="logistic_fit did not converge")
-            calibrator = (PlattCalibrator() if args.method == "platt" else IsotonicCalibrator()).fit(
-                np.clip(scores, 1e-4, 1 - 1e-4), gold, judge_id=judge.identity)
-        calibrator.save(args.out)
-    except ValueError as error:
-        print(f"marl: error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"marl: error: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
-        return 2
-    after = calibrator.apply(np.clip(scores, 1e-4, 1 - 1e-4), judge_id=judge.identity)
-    what = f"{len(rows)} gold answers, pointwise" if args.reward_model else f"{len(rows)} gold pairs"
-    failed = 2 * len(items) - len(rows) if args.reward_model else len(items) - len(rows)
-    print(f"wrote {args.out}: {args.method} on {what} ({failed} failed); "
-          f"ECE {expected_calibration_error(scores, gold):.3f} raw -> {expected_calibration_error(after, gold):.3f} "
-          "(in-sample)")
+    with _one_line():
+        items = read_items(args.items, args.gold)
+        try:
+            items = calibration_items(items)
+        except WorkflowError as error:
+            raise UsageError(f"{args.items}: {error}") from None
+        judge = build_judge(args, items)
+        try:
+            result = calibrate(items, judge, method=args.method, pointwise=bool(args.reward_model))
+            result.calibrator.save(args.out)
+        except CalibrationError as error:  # too few pairs judged (no cause), or the fit failed
+            print(f"marl: error: {error}{'' if error.__cause__ else ', nothing written'}", file=sys.stderr)
+            return 1
+        except WorkflowError:
+            raise
+        except ValueError as error:  # a fitted parameter that is not finite: not written
+            print(f"marl: error: {error}", file=sys.stderr)
+            return 1
+        except OSError as error:
+            print(f"marl: error: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
+            return 2
+    what = f"{result.n_fitted} gold answers, pointwise" if result.pointwise else f"{result.n_fitted} gold pairs"
+    print(f"wrote {args.out}: {args.method} on {what} ({result.n_failed} failed); "
+          f"ECE {result.ece_raw:.3f} raw -> {result.ece_calibrated:.3f} (in-sample)")
     return 0
 
 
@@ -403,33 +308,6 @@ def _check_reward_model(args) -> None:
 
         if (problem := reward_model_problem(args.reward_model)) is not None:
             raise UsageError(f"--reward-model {args.reward_model}: {problem}")
-
-
-def _pointwise_rows(judge, items, Item, Candidate) -> list[tuple[float, float]]:
-    """(score, gold) for both answers of every gold item, as the reward model scores them in a scenario:
-    gold 1 for the better answer and 0 for the other (a gold score g of the first: g and 1 - g)."""
-    rows = []
-    for item in items:
-        first, second = judge.score(Item(prompt=item.prompt), [Candidate(item.candidates[0]),
-                                                                Candidate(item.candidates[1])])
-        gold = (float(item.gold), 1.0 - float(item.gold)) if isinstance(item.gold, float) else \
-            (float(item.gold == 0), float(item.gold == 1))
-        rows += [(j.score, g) for j, g in zip((first, second), gold) if j.ok]
-    return rows
-
-
-async def _compare_items(judge, items, Item, Candidate):
-    import asyncio
-
-    return await asyncio.gather(*(judge.compare(Item(prompt=i.prompt), Candidate(i.candidates[0]),
-                                                Candidate(i.candidates[1])) for i in items))
-
-
-def _plain(value):
-    """JSON for what json cannot write itself: numpy scalars and arrays as numbers and lists, else text."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 def run(args) -> int:

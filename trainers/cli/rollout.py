@@ -96,7 +96,7 @@ class ModelPolicy:
         on `base`, else on the base it names)."""
         import torch
 
-        from judges.model.chat import check_model_dir
+        from common.chat import check_model_dir
         from trainers.cli.common import quiet_libraries
         from trainers.policy.actors import ModelActor
         from trainers.policy.prompts import agent_styles

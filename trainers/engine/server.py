@@ -11,7 +11,7 @@ The last three are the subset of vLLM's server that the HTTP rollout engine spea
 
 Any OpenAI client (and marl's judges) can then use the model as a judge or as a frozen opponent:
 `OpenAI(base_url="http://127.0.0.1:N/v1", api_key="EMPTY")`. The prompt is rendered by
-`judges.model.chat.render_chat`, the function training renders an agent's turn with: the tokenizer's
+`common.chat.render_chat`, the function training renders an agent's turn with: the tokenizer's
 chat template when it has one, else the messages' contents joined by newlines (the tiny character
 models have no template). To ask a trained agent what it was trained on, send its role as the system
 message and its observation as the user message (a plain-text model: the observation alone).

@@ -1,21 +1,21 @@
-"""`GRPOConfig`: every knob of the GRPO core in one typed config, built from the one knob schema.
+"""`GRPOConfig`: every knob of the GRPO core in one typed, written, immutable config.
 
-The knobs (name, type, default, bounds, one-line doc) are defined once, torch-free, in
-`marl.scenario.spec.GRPOKnobs`; this module turns them into a plain dataclass the trainers read
-(`config.lr`, `asdict(config)`), checked against the same schema when it is made. A scenario's
-`train` section sets every knob under its own name but the derived ones (`DERIVED_KNOBS`: total
-`steps` over the stages, `max_new_tokens` from the agents); see `trainers.run.grpo_config`.
+The knobs a scenario sets (name, type, default, bounds, one-line doc) are written once, torch-free, in
+`marl.scenario.spec.TrainKnobs`: a scenario's `train` section holds each under its own name. A
+`GRPOConfig` is those knobs plus the two `marl run` derives from the scenario (`DERIVED_KNOBS`: the steps
+of every stage, the agents' longest message), both written here. It is a frozen pydantic model, checked
+when made: a value outside its type or bounds is a `KnobError` naming the knob. Change a knob with
+`config.model_copy(update=...)` (`with_knobs` checks the new values too); `config.model_dump()` is the
+plain dict a checkpoint and the tracker record.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from pydantic import Field, ValidationError
 
-from pydantic import ValidationError
+from marl.scenario.spec import DERIVED_KNOBS, TrainKnobs
 
-from marl.scenario.spec import DERIVED_KNOBS, GRPOKnobs
-
-__all__ = ["DERIVED_KNOBS", "GRPOConfig", "GRPOKnobs", "KnobError", "check_knobs", "knob_docs"]
+__all__ = ["DERIVED_KNOBS", "GRPOConfig", "KnobError", "check_knobs", "knob_docs"]
 
 
 class KnobError(ValueError):
@@ -26,35 +26,39 @@ class KnobError(ValueError):
         self.knob = knob
 
 
+class GRPOConfig(TrainKnobs):
+    """Every knob of the GRPO core: the scenario's (TrainKnobs) and the two derived ones, checked when made."""
+
+    steps: int = Field(30, ge=1, description="optimizer steps of the run (each plays prompts_per_step x "
+                                              "group_size completions)")
+    max_new_tokens: int = Field(8, ge=1, description="longest completion; rows stop at EOS before that")
+
+    def __init__(self, **knobs):
+        try:
+            super().__init__(**knobs)
+        except ValidationError as error:  # one line naming the knob, not pydantic's report
+            raise _knob_error(error, knobs) from None
+
+    def with_knobs(self, **knobs) -> GRPOConfig:
+        """A copy with `knobs` changed, checked like a new config (KnobError naming a bad one)."""
+        return GRPOConfig(**{**self.model_dump(), **knobs})
+
+
+def _knob_error(error: ValidationError, values: dict) -> KnobError:
+    """The KnobError of the first problem pydantic found in `values`."""
+    first = error.errors()[0]
+    knob = str(first["loc"][0]) if first["loc"] else ""
+    name = ".".join(str(part) for part in first["loc"])
+    where = f"{name}={values.get(knob)!r}: " if knob else ""  # a check across knobs names them itself
+    return KnobError(knob, f"GRPOConfig: {where}{first['msg'].removeprefix('Value error, ')}")
+
+
 def check_knobs(values: dict) -> None:
-    """Every knob in `values` within GRPOKnobs' type and bounds; KnobError naming the first bad one."""
-    try:
-        GRPOKnobs.model_validate(values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        knob = str(first["loc"][0]) if first["loc"] else ""
-        name = ".".join(str(part) for part in first["loc"])
-        where = f"{name}={values.get(knob)!r}: " if knob else ""  # a check across knobs names them itself
-        raise KnobError(knob, f"GRPOConfig: {where}{first['msg'].removeprefix('Value error, ')}") from None
-
-
-def _check(config) -> None:
-    """GRPOConfig.__post_init__: the knobs are checked against their one schema."""
-    check_knobs({f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
-
-def _fields() -> list[tuple]:
-    """(name, type, field) for make_dataclass: each knob's default and one-line doc from GRPOKnobs."""
-    return [(name, info.annotation, dataclasses.field(default=info.default, metadata={"doc": info.description}))
-            for name, info in GRPOKnobs.model_fields.items()]
-
-
-GRPOConfig = dataclasses.make_dataclass(
-    "GRPOConfig", _fields(),
-    namespace={"__module__": __name__, "__post_init__": _check, "__doc__": "Every knob of the GRPO core (fields and defaults: "
-                                                  "marl.scenario.spec.GRPOKnobs), checked when made."})
+    """Every knob in `values` within GRPOConfig's types and bounds; KnobError naming the first bad one."""
+    GRPOConfig(**values)
 
 
 def knob_docs() -> dict[str, str]:
     """Each GRPOConfig field's one-line doc, by name."""
-    return {f.name: f.metadata["doc"] for f in dataclasses.fields(GRPOConfig)}
+    return {name: info.description or "" for name, info in GRPOConfig.model_fields.items()}
+

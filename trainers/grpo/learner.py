@@ -234,6 +234,10 @@ class PolicyLearner:
         else:
             self.reference.load_state_dict(self.model.state_dict())
 
+    def set_reference(self, reference) -> None:
+        """The KL term pulls toward `reference` from now on (a frozen model, e.g. an earlier run's policy)."""
+        self.reference = reference
+
     def lr(self) -> float:
         """The learning rate the next step will use."""
         return self.scheduler.get_last_lr()[0]

@@ -20,7 +20,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -108,8 +108,8 @@ def bucket_metrics(buckets: DifficultyBuckets) -> dict[str, float]:
 
 
 def core_state(trainer) -> dict:
-    """The state every trainer saves: step, totals, config, global RNGs and the bucket sampler."""
-    return {"step": trainer.step_count, "totals": dict(trainer.totals), "config": asdict(trainer.config),
+    """The state every trainer saves: step, totals, GRPO config, global RNGs and the bucket sampler."""
+    return {"step": trainer.step_count, "totals": dict(trainer.totals), "config": trainer.grpo.model_dump(),
             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
             "buckets": trainer.buckets.state_dict()}
 

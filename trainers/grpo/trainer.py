@@ -93,6 +93,11 @@ class GRPOTrainer:
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
+    @property
+    def grpo(self) -> GRPOConfig:
+        """The GRPO knobs (`config`), by the name the team trainer gives them too."""
+        return self.config
+
     def step(self) -> dict[str, float]:
         """One GRPO step; returns its metrics (see docs/reference.md, "Metrics")."""
         started = time.perf_counter()

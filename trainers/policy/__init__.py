@@ -7,5 +7,5 @@
     actors.py    who speaks for each agent: language-model, scripted and endpoint actors
     adapters.py  LoRA via peft: one frozen base, an adapter per trained policy; saved adapters, merging
 
-May import: marl, judges.model (the local backend), trainers.runs, trainers.engine (an actor's rollout engine).
+May import: common (chat rendering, atomic directories), marl, judges.model (the local backend), trainers.runs, trainers.engine (an actor's rollout engine).
 """

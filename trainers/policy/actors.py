@@ -195,12 +195,12 @@ def actor_key(agent_spec) -> str:
 
 
 def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, log=print, adapters: dict[str, Path] | None = None, device: str = "cpu",
+                 seed: int = 0, log=print, lora=None, adapters: dict[str, Path] | None = None, device: str = "cpu",
                  dtype: str = "float32") -> tuple[dict, dict[str, str]]:
     """The actors of a scenario and which actor plays each agent (see the module docstring).
 
-    The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. With
-    `train.lora` set, or `adapters` given (actor key -> a saved adapter directory, as `marl eval`
+    The base model is loaded once; 'shared' agents use it, 'own' agents get deep copies. With `lora`
+    (a LoraSpec: the run's train.lora) given, or `adapters` (actor key -> a saved adapter directory, as `marl eval`
     loads a LoRA checkpoint), 'shared' and each 'own' agent get a LoRA adapter of their own on the ONE
     frozen base instead (trainers/policy/adapters.py). An agent whose `trainable` is false freezes
     its actor (a frozen shared actor freezes every shared agent). Models are loaded straight onto
@@ -223,7 +223,7 @@ def build_actors(scenario, base_model_dir: Path | None, *, temperature: float = 
                 if base_model_dir is None:
                     raise ValueError("this scenario has model-played agents but no base model was given")
                 base["model"], base["tokenizer"] = load_policy(base_model_dir, device=device, dtype=dtype)
-            model = _base_policy(key, agent, base, base_model_dir, scenario.spec.train.lora, adapters or {}, seed)
+            model = _base_policy(key, agent, base, base_model_dir, lora, adapters or {}, seed)
             actors[key] = ModelActor(key, model, base["tokenizer"], trainable=agent.trainable, seed=seed + index,
                                      **options)
         elif agent.policy.startswith("openai:"):
@@ -268,7 +268,7 @@ def _model_directory(scenario, agent) -> Path:
         raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} is not 'shared', 'own', a scripted policy "
                          f"(expert, null, random, module:function), 'openai:MODEL', or a Hugging Face model "
                          f"directory ({path} has no config.json)")
-    from judges.model.chat import check_model_dir
+    from common.chat import check_model_dir
 
     problem = check_model_dir(path)  # a broken directory: one line now, not a traceback from the loader
     if problem is not None:

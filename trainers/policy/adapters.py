@@ -321,7 +321,7 @@ def _tokenizer(directory: Path):
 
 def export_merged(directory: str | Path, out: str | Path, base_dir: str | Path | None = None) -> Path:
     """Write the adapter in `directory` merged into its base as a standalone Hugging Face directory `out`."""
-    from trainers.runs.atomic import write_directory_atomically
+    from common.files import write_directory_atomically
 
     policy, tokenizer = load_adapter_dir(directory, base_dir)
     merged = policy.owner.peft.merge_and_unload()

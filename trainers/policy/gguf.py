@@ -39,7 +39,7 @@ MARKER = "marl_build.json"
 
 def resolve_model_dir(name: str | Path, cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Path:
     """The Hugging Face directory `name` stands for: a GGUF source converted (once) into the model
-    cache, anything else as the path it is (checked by its caller, judges.model.chat.check_model_dir)."""
+    cache, anything else as the path it is (checked by its caller, common.chat.check_model_dir)."""
     if not is_gguf_source(name):
         return Path(name).expanduser()
     return convert_gguf(locate_gguf(name), cache_dir, log)
@@ -190,7 +190,7 @@ def _plain_model(model):
 def end_of_turn_ids(tokenizer) -> list[int]:
     """The ids generation stops at: eos, the chat template's end of turn, and ChatML's <|im_end|> and
     <|endoftext|> when the vocabulary has them (as trainers/policy/tokenizer.py end_ids lists them)."""
-    from judges.model.chat import end_of_turn_id
+    from common.chat import end_of_turn_id
 
     vocab = tokenizer.get_vocab()
     found = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
@@ -212,12 +212,12 @@ def _convert(path: Path, sha: str, target: Path, log: Callable[[str], None]) -> 
     """Load `path` with transformers, then write the plain directory at `target` atomically."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from judges.model.chat import ensure_pad_token
-    from trainers.runs.atomic import write_directory_atomically
+    from common.chat import ensure_pad_token
+    from common.files import write_directory_atomically
 
     log(f"gguf: converting {path} (first use only)")
     source, tokenizer = _load_source(path)
-    if not tokenizer.chat_template:  # chat is then rendered as plain text (judges/model/chat.py render_chat)
+    if not tokenizer.chat_template:  # chat is then rendered as plain text (common/chat.py render_chat)
         log(f"gguf: warning: {path.name} has no chat template (tokenizer.chat_template), so agents and judges get "
             "their messages as plain text; use an instruct model's GGUF, or add a template to the converted "
             "tokenizer_config.json")

@@ -2,7 +2,7 @@
 
 Every place a model meets a turn renders it here: RL acting, `marl eval` and `marl rollout` (through
 `ModelActor.act`), the SFT warm-up's demonstrations, and `EndpointActor`'s messages. The rendering
-itself is `judges.model.chat.render_chat`, the one `marl serve` applies to its clients' messages, so
+itself is `common.chat.render_chat`, the one `marl serve` applies to its clients' messages, so
 a checkpoint is served with the prompts it was trained on.
 
     chat template, mode auto    system = the agent's role (skipped when empty), user = the observation,
@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from judges.model.chat import end_of_turn_id, render_chat, stop_token_ids, uses_template
+from common.chat import end_of_turn_id, render_chat, stop_token_ids, uses_template
 from marl.env import CUT_MARK, keep_ends
 
 __all__ = ["TurnStyle", "agent_styles", "context_problem", "decode_turns", "demonstration", "directory_context",

@@ -36,7 +36,7 @@ from trainers.policy.loading import load_policy  # noqa: F401 - moved to loading
 _HERE = Path(__file__).resolve().parent
 # the modules whose code decides what a build produces: any change to them is a new cache key
 BUILD_SOURCES = (_HERE / "tinylm.py", _HERE / "tokenizer.py", _HERE / "prompts.py",
-                 Path(__import__("judges.model.chat", fromlist=["chat"]).__file__))
+                 Path(__import__("common.chat", fromlist=["chat"]).__file__))
 
 
 def build_code_version() -> str:
@@ -215,7 +215,7 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
 def save_atomically(model, tokenizer, target: Path, extra: dict) -> None:
     """Write model + tokenizer + a JSON report into a temp dir, then rename it into place (when another
     process built the same model first, its copy is kept)."""
-    from trainers.runs.atomic import write_directory_atomically
+    from common.files import write_directory_atomically
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)

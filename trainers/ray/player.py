@@ -94,7 +94,8 @@ class RayPlayer:
     max_tokens = property(lambda self: self.local.max_tokens)
 
     def play(self, jobs: list, *, greedy: bool = False) -> EpisodeBatch:
-        """Play every job on the workers; the same episodes, in the same order, as EpisodePlayer.play."""
+        """Play every job on the workers; the same episodes, in the same order, as EpisodePlayer.play, with
+        the batch's off-policy figures (a StaleSampleError past train.ray.max_staleness)."""
         if self.context != self._counted:  # deaths count per step: a step plays its episodes, then its replays
             self._deaths, self._counted = 0, self.context
         self._broadcast(force=greedy)
@@ -102,7 +103,10 @@ class RayPlayer:
             return EpisodeBatch(episodes=[])
         parts = _partition(jobs, len(self.workers))
         results = self._play_parts(jobs, parts, greedy)
-        return _merged(jobs, parts, results)
+        batch = _merged(jobs, parts, results)
+        batch.figures = check_staleness(batch.episodes, self.version, self.settings.max_staleness)
+        batch.offpolicy = bool(batch.figures["ray/offpolicy_samples"])
+        return batch
 
     def close(self) -> None:
         """Stop the workers (the cluster stays up for whoever started it)."""

@@ -6,6 +6,7 @@
 Scoring with a trained reward model is judges.model.reward_model (the `reward_model` judge kind), which
 also owns the rendering both sides share.
 
-May import: judges (the reward-model judge's rendering and fingerprints), trainers.runs (tracking, atomic
-writes). torch and transformers at the top of bradley_terry.py only; pairs.py is torch-free.
+May import: common (atomic writes, model-directory checks), judges (the reward-model judge's rendering
+and fingerprints), trainers.runs (tracking). torch and transformers at the top of bradley_terry.py only;
+pairs.py is torch-free.
 """

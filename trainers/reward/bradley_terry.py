@@ -85,7 +85,7 @@ def load_base(config: RewardTrainConfig):
     """(model, tokenizer): the base directory as a one-output sequence classifier (seeded head)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from judges.model.chat import check_model_dir
+    from common.chat import check_model_dir
 
     if (problem := check_model_dir(config.base)) is not None:
         raise PairsError(f"--base {config.base}: {problem}")
@@ -242,7 +242,7 @@ def train_reward_model(config: RewardTrainConfig, log=print) -> dict:
 
     PairsError (one line) for bad pairs, settings or directories, before anything is written.
     """
-    from trainers.runs.atomic import write_directory_atomically
+    from common.files import write_directory_atomically
 
     check_config(config)
     pairs = read_pairs(config.pairs)
@@ -310,7 +310,7 @@ def _save(tmp: Path, model, tokenizer, config: RewardTrainConfig, summary: dict)
     """The trained model (LoRA merged), its tokenizer and the training record, into the temporary directory."""
     import json
 
-    from judges.strict_json import write_text_atomically
+    from common.files import write_text_atomically
 
     if config.lora_r > 0:
         model = model.merge_and_unload()

@@ -3,10 +3,9 @@
     rundir.py      a run directory's life: fresh, resumed or restarted; its state file
     checkpoint.py  atomic checkpoints and exact resume
     manifest.py    sha256 manifests of checkpoints
-    atomic.py      atomic directory writes (file writers come from judges.strict_json)
     tracking.py    the Tracker interface: JSONL, W&B (the only wandb import) and no-op backends
     report.py      PNG plots and report.md from metrics.jsonl
     progress.py    the console progress line
 
-May import: judges (strict JSON and atomic files), nothing else of trainers.
+May import: common (atomic files and directories), judges (strict JSON), nothing else of trainers.
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.runs.atomic import write_directory_atomically, write_text_atomically
+from common.files import write_directory_atomically, write_text_atomically
 from trainers.runs.manifest import manifest_problem, write_manifest
 
 KEEP_LAST = 2  # complete checkpoints kept on disk
@@ -209,6 +209,4 @@ def _check_adapter_bases(trainer, checkpoint: Path) -> None:
 
 
 def _config_dict(trainer) -> dict:
-    from dataclasses import asdict
-
-    return asdict(trainer.config)
+    return trainer.grpo.model_dump()

@@ -32,7 +32,7 @@ def _files(directory: Path) -> list[Path]:
 
 def write_manifest(directory: Path) -> Path:
     """Write `directory/manifest.json` with the size and sha256 of every other file below it."""
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
 
     files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
              for p in _files(directory)}

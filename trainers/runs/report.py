@@ -85,7 +85,7 @@ def truncate_tables(tables_dir: Path, steps_done: int) -> None:
 def _keep_lines(path: Path, keep) -> None:
     """Rewrite `path` (atomically) with the JSON-object lines `keep(row)` accepts; unparsable lines
     (a torn tail) go. Nothing is written when every line stays."""
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
 
     text = path.read_text(encoding="utf-8", errors="replace")
     kept = []
@@ -159,7 +159,7 @@ def plot_family(rows: list[dict[str, Any]], spec: PlotSpec, plots_dir: Path) -> 
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="best")
     figure.tight_layout()
-    from trainers.runs.atomic import atomic_file
+    from common.files import atomic_file
 
     path = plots_dir / spec.file_name
     with atomic_file(path, "wb") as handle:
@@ -217,7 +217,7 @@ def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, 
     `before` / `after` are held-out figures (metric name -> value) shown side by side when given;
     `extra` (markdown) ends the report. Every file replaces its old version atomically.
     """
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
 
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"

@@ -89,7 +89,7 @@ def ensure_writable(out: Path) -> None:
 def wandb_run_id(out: Path, step: int) -> str:
     """The W&B run id of this run directory (made on its first start), recording this start's step,
     so every resume continues the same W&B run."""
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
 
     path = Path(out) / STATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,7 @@ class JsonlTracker(Tracker):
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Merge `values` into `summary.json` (replaced atomically each call)."""
-        from trainers.runs.atomic import write_text_atomically
+        from common.files import write_text_atomically
 
         self._summary.update(values)
         write_text_atomically(self.summary_path, json.dumps(json_safe(self._summary), indent=2, allow_nan=False) + "\n")

@@ -45,17 +45,19 @@ FIRST_TRY_SEED = 7_777_777  # offset of the first tries' seeds, away from the tr
 def reflection_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
     """One reflection step (see the module docstring); the trainer step's metrics plus `reflection/*`."""
     from trainers.team.metrics import nanmean, success
+    from trainers.team.trainer import StepPlan
 
     mode = trainer.spec.mode
     tasks = select_low_rate_tasks(task_pass_rates(trainer.buckets), train_tasks, settings.threshold,
-                                  trainer.config.prompts_per_step)
+                                  trainer.grpo.prompts_per_step)
     first_tries = play_first_tries(trainer, tasks)
     reasons = {}
     for task, episode in zip(tasks, first_tries):
         if success(episode, mode) == 0.0:
             answerer = trainer.player.scorer.team_answerer(episode.transcript)
             reasons[task.id] = failure_reason(episode, answerer)
-    metrics = trainer.step(tasks=tasks, prefix=reasons, reward_transform=retry_discount(settings.retry_discount))
+    metrics = trainer.step(StepPlan(tasks=tasks, prefix=reasons,
+                                    reward_transform=retry_discount(settings.retry_discount)))
     retried = [e for e in trainer.last_step.episodes if e.job.prefix]
     return {**metrics, "reflection/tasks": float(len(tasks)),
             "reflection/retried": float(sum(bool(reason) for reason in reasons.values())),
@@ -92,7 +94,7 @@ def play_first_tries(trainer, tasks: list[Task]) -> list:
 
     if not tasks:
         return []
-    base = trainer.config.seed * 1_000_003 + trainer.step_count * 10_007 + FIRST_TRY_SEED
+    base = trainer.grpo.seed * 1_000_003 + trainer.step_count * 10_007 + FIRST_TRY_SEED
     jobs = [EpisodeJob(task, base + index) for index, task in enumerate(tasks)]
     return trainer.player.play(jobs, greedy=True).episodes
 

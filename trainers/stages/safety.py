@@ -49,11 +49,13 @@ _MARKERS = ("unanswerable", "missing", "forbidden", "misleading")
 
 def safety_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
     """One safety step (see the module docstring); the trainer step's metrics plus `safety/*`."""
+    from trainers.team.trainer import StepPlan
+
     tasks = adversarial_batch(trainer, settings, train_tasks, seed=trainer.step_count)
     cooperative = trainer.spec.mode == "cooperative"
     answerer = trainer.player.scorer.team_answerer
     transform = safety_transform(settings.fabrication_penalty, settings.constraint_penalty, cooperative, answerer)
-    metrics = trainer.step(tasks=tasks, reward_transform=transform)
+    metrics = trainer.step(StepPlan(tasks=tasks, reward_transform=transform))
     episodes = trainer.last_step.episodes
     unanswerable = [e for e in episodes if e.job.task.metadata.get("unanswerable")]
     constrained = [e for e in episodes if e.job.task.metadata.get("forbidden")]
@@ -68,7 +70,7 @@ def safety_step(trainer, settings, train_tasks: list[Task]) -> dict[str, float]:
 
 def adversarial_batch(trainer, settings, train_tasks: list[Task], seed: int) -> list[Task]:
     """`prompts_per_step` adversarial tasks from `settings.generator`, or the built-in perturbations."""
-    count = trainer.config.prompts_per_step
+    count = trainer.grpo.prompts_per_step
     if settings.generator is None:
         tasks = adversarial_tasks(train_tasks, seed, count=count)
     else:

@@ -1,4 +1,4 @@
-"""Training stages of `marl run`: the plan, and stage 1 (warm-up).
+"""Training stages of `marl run`, and stage 1 (warm-up); the plan is trainers.config.StageConfig.
 
 Stages run in the order the scenario's `train.stages` lists them; each owns a number of RL steps:
 
@@ -23,23 +23,6 @@ from marl.types import Task
 
 SAMPLE_WIDTH = 48  # characters of each observation and message shown by the warm-up check
 SAMPLE_CUT = " ... "  # stands for the middle of a longer one, cut out
-
-
-def stage_plan(train) -> list[tuple[str, int]]:
-    """[(stage, RL steps)] in the order of `train.stages` (stages with 0 steps are kept, and skipped)."""
-    steps = {"warmup": train.warmup.rl_steps, "main": train.steps, "reflection": train.reflection.steps,
-             "safety": train.safety.steps}
-    return [(stage, steps[stage]) for stage in train.stages]
-
-
-def stage_at(plan: list[tuple[str, int]], step: int) -> tuple[str, int]:
-    """(stage, step within it) of global step `step` (0-based)."""
-    start = 0
-    for stage, steps in plan:
-        if step < start + steps:
-            return stage, step - start
-        start += steps
-    raise ValueError(f"step {step} is past the plan's {start} steps")
 
 
 def expert_demonstrations(scenario, tasks: list[Task], limit: int = 512) -> list[tuple[str, str]]:
@@ -154,21 +137,22 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def is_pretrained(scenario, name: str) -> bool:
-    """Whether learner `name` starts from pretrained weights: any train.model directory, or an agent's
-    own model directory; only the embedded tiny base (train.model 'tiny') is not."""
+def is_pretrained(scenario, name: str, base_model: str) -> bool:
+    """Whether learner `name` starts from pretrained weights: any `base_model` (train.model) directory, or
+    an agent's own model directory; only the embedded tiny base ('tiny') is not."""
     from trainers.policy.actors import actor_key
 
     on_base = any(agent.policy in ("shared", "own") for agent in scenario.spec.agents if actor_key(agent) == name)
-    return scenario.spec.train.model != "tiny" or not on_base
+    return base_model != "tiny" or not on_base
 
 
-def learner_settings(scenario, name: str, model, settings):
+def learner_settings(scenario, name: str, model, settings, base_model: str):
     """`settings` (a WarmupSpec) with sft_lr and sft_max_steps resolved for learner `name`: the scenario's
     values, else the defaults of the tiny model or of pretrained weights (LoRA when `model` is an adapter)."""
     from trainers.policy.adapters import AdapterPolicy
 
-    return settings.resolved(pretrained=is_pretrained(scenario, name), lora=isinstance(model, AdapterPolicy))
+    return settings.resolved(pretrained=is_pretrained(scenario, name, base_model),
+                             lora=isinstance(model, AdapterPolicy))
 
 
 def sft_recipe(settings, pretrained: bool):
@@ -196,7 +180,9 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     observation), and the expert's message is followed by the token the model stops at.
     """
     probe, agents_of = tasks[:settings.probe_tasks], _agents_of(trainer, scenario)
-    plans = {name: learner_settings(scenario, name, trainer.actors[name].model, settings) for name in trainer.learners}
+    base_model = trainer.config.model
+    plans = {name: learner_settings(scenario, name, trainer.actors[name].model, settings, base_model)
+             for name in trainer.learners}
     before, start = learner_compliance(trainer.player, probe, agents_of)
     accuracy = _learner_accuracy(trainer.player, probe, agents_of, settings)
     report = {"format_before": before, "sft_steps": 0, "learners": {
@@ -206,7 +192,7 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     needs = [name for name, plan in plans.items()
              if plan.sft_max_steps > 0 and not _ready(start[name], accuracy[name], settings)]
     # one tiny-model learner prints what it always printed; several learners or pretrained ones add a line each
-    each = len(plans) > 1 or any(is_pretrained(scenario, name) for name in plans)
+    each = len(plans) > 1 or any(is_pretrained(scenario, name, base_model) for name in plans)
     shown = _accuracy_text(accuracy, settings)
     if not needs and math.isnan(before):  # nothing scores the format (e.g. negotiation)
         log("warm-up: the scenario has no format scorers (rewards.format), so format compliance is not measured"
@@ -220,7 +206,7 @@ def sft_warmup_stage(trainer, scenario, tasks: list[Task], settings, log=print) 
     turns = expert_turns(scenario, tasks)
     log(f"warm-up: format compliance {before:.2f}{shown}; SFT on {len(turns)} expert demonstrations")
     for name in needs:
-        result = _train_learner(trainer, name, plans[name], is_pretrained(scenario, name), turns, probe,
+        result = _train_learner(trainer, name, plans[name], is_pretrained(scenario, name, base_model), turns, probe,
                                 agents_of, settings, log)
         report["learners"][name].update(sft_steps=result["steps"], out_of_time=bool(result.get("out_of_time")))
         report["sft_steps"] += result["steps"]
@@ -332,22 +318,11 @@ def _clip(text: str, width: int = SAMPLE_WIDTH) -> str:
     return text[:head] + SAMPLE_CUT + text[len(text) - (width - head):]
 
 
-def run_stage_step(trainer, stage: str, within: int, train_tasks: list[Task], log=print) -> dict:
-    """One RL step of `stage`; the metrics say which stage it was."""
-    settings = trainer.spec.train
-    if stage == "warmup":
-        metrics = trainer.step(lr_scale=settings.warmup.rl_lr_scale)
-        log(f"warm-up check, step {within + 1}/{settings.warmup.rl_steps}: samples with their scores")
-        show_samples(trainer, settings.warmup.samples_shown, log)
-    elif stage == "reflection":
-        from trainers.stages.reflection import reflection_step
+def warmup_check_step(trainer, settings, within: int, log=print) -> dict:
+    """One low-lr RL step of the warm-up check (`settings`: the warm-up section), then samples with their scores."""
+    from trainers.team.trainer import StepPlan
 
-        metrics = reflection_step(trainer, settings.reflection, train_tasks)
-    elif stage == "safety":
-        from trainers.stages.safety import safety_step
-
-        metrics = safety_step(trainer, settings.safety, train_tasks)
-    else:
-        metrics = trainer.step()
-    names = ("warmup", "main", "reflection", "safety")
-    return {**metrics, "train/stage": float(names.index(stage)), "train/stage_name": stage}
+    metrics = trainer.step(StepPlan(lr_scale=settings.rl_lr_scale))
+    log(f"warm-up check, step {within + 1}/{settings.rl_steps}: samples with their scores")
+    show_samples(trainer, settings.samples_shown, log)
+    return metrics

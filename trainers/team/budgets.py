@@ -158,7 +158,7 @@ def _plain(value: float) -> float | None:
 
 def write_budget_curve(curve: dict, out_dir: str | Path) -> tuple[Path, Path, Path]:
     """Write the curve as out_dir/budget_curve.json, budget_curve.md and budget_curve.png; return the paths."""
-    from trainers.runs.atomic import write_text_atomically
+    from common.files import write_text_atomically
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def plot_budget_curve(curve: dict, path: Path) -> Path:
     written per turn on a second axis; matplotlib's object-oriented API, written atomically."""
     from matplotlib.figure import Figure
 
-    from trainers.runs.atomic import atomic_file
+    from common.files import atomic_file
 
     rows = curve["rows"]
     budgets = [row["budget"] for row in rows]
@@ -247,7 +247,7 @@ def log_budget_curve(trainer, tasks: list, tracker, out: Path, log=print) -> str
     """`train.budget_curve` at the end of `marl run`: the final policy's curve on the held-out `tasks`,
     written to the run directory, logged as `eval/budget/<N>/<figure>` (with `eval/step`) and as a
     `budget_curve` table; returns the section of report.md ('' when the setting is off)."""
-    budgets = list(trainer.spec.train.budget_curve)
+    budgets = list(trainer.config.loop.budget_curve)
     if not budgets:
         return ""
     if not tasks:

@@ -349,7 +349,7 @@ def write_eval_report(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "eval.json", out / "eval.md"
-    from trainers.runs.atomic import write_text_atomically  # a second eval replaces the files, never cuts them
+    from common.files import write_text_atomically  # a second eval replaces the files, never cuts them
 
     write_text_atomically(json_path, json.dumps(result, indent=2) + "\n")
     write_text_atomically(md_path, eval_markdown(result))

@@ -4,7 +4,8 @@
     won(episode, agent)         an agent's win in a competitive episode
     is_masked(episode)          a reward of the episode is NaN (a scorer failed)
     nanmean(values)             the mean of the non-NaN values
-    step_metrics(...)           train/*, judge/*, credit/*, policy/*, bucket/*, selfplay/* of a step
+    step_metrics(...)           train/*, judge/*, credit/*, policy/*, bucket/* of a step (selfplay/*: the
+                                self-play plug-in's, trainers.team.selfplay)
     TurnGuards                  length/* and tools/* of a step, with one warning line each when they go wrong
 
 The held-out evaluation (`trainers.team.evaluation`) and the stages read the same `success`.
@@ -54,19 +55,18 @@ def masked_credit(episodes, credits) -> int:
     return sum(c is None and not is_masked(e) for e, c in zip(episodes, credits))
 
 
-def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, times: dict, opponent) -> dict[str, float]:
-    """The metrics of the step that produced `result` (a `StepResult`), after the trainer's bookkeeping.
-
-    `guards`: the `guard/*` metrics; `updates`: policy name -> its learner's update stats; `opponent`:
-    the snapshot played against (None: self-play or cooperative).
+def step_metrics(trainer, result, mode: str, bucket: int, guards: dict, updates: dict,
+                 times: dict) -> dict[str, float]:
+    """The metrics of the step that produced `result` (a `StepResult`) in a scenario of `mode`, after the
+    trainer's bookkeeping. `guards`: the `guard/*` metrics; `updates`: policy name -> its learner's update stats.
     """
-    episodes, mode = result.episodes, trainer.spec.mode
+    episodes = result.episodes
     metrics = {"train/step": trainer.step_count, "train/bucket": bucket,
                "train/reward": nanmean([e.team_reward() for e in episodes]),
                "train/team_success": nanmean([success(e, mode) for e in episodes]),
                "judge/masked_episodes": sum(is_masked(e) for e in episodes),
                "judge/masked_total": trainer.totals["masked_episodes"], **guards, **times}
-    metrics["train/signal_groups"] = signal_share(episodes, trainer.agents, trainer.config.group_size)
+    metrics["train/signal_groups"] = signal_share(episodes, trainer.agents, trainer.grpo.group_size)
     for agent in trainer.agents:
         metrics[f"train/agent/{agent}/reward"] = nanmean([row[agent] for row in result.rewards])
         if mode != "cooperative":
@@ -77,14 +77,6 @@ def step_metrics(trainer, result, bucket: int, guards: dict, updates: dict, time
     metrics.update(_policy_metrics(updates))
     metrics["train/lr"] = next(iter(trainer.learners.values())).lr()
     metrics.update(bucket_metrics(trainer.buckets))
-    if trainer.pool is not None:
-        metrics.update(trainer.pool.ratings_metrics())
-        fixed = opponent is not None and opponent.startswith(FIXED)
-        metrics["selfplay/against_snapshot"] = float(opponent is not None and not fixed)
-        metrics["selfplay/against_fixed"] = float(fixed)
-        if fixed:
-            metrics[f"selfplay/{opponent.replace(':', '/')}/score"] = fixed_opponent_score(episodes, trainer.agents,
-                                                                                       opponent)
     return metrics
 
 
@@ -156,8 +148,8 @@ class TurnGuards:
     (train.tool_silence_steps) prints one line naming it and what to check.
     """
 
-    def __init__(self, spec, log=print):
-        self.warn_fraction, self.silence_steps = spec.train.truncation_warn_fraction, spec.train.tool_silence_steps
+    def __init__(self, spec, warn_fraction: float, silence_steps: int, log=print):
+        self.warn_fraction, self.silence_steps = warn_fraction, silence_steps
         self.tools = {agent.name: agent.tools for agent in spec.agents if agent.tools}
         self.log, self.warned, self.silent = log, set(), dict.fromkeys(self.tools, 0)
 

@@ -1,34 +1,30 @@
 """Multi-agent GRPO on a scenario, top to bottom: play -> score -> credit -> guards -> advantages -> update.
 
-One `MultiAgentTrainer.step()`:
+This is the step `marl run` executes. One `MultiAgentTrainer.step(plan)`:
 
-1. draw `prompts_per_step` tasks from one difficulty bucket; play each `group_size` times, all episodes
-   in lockstep (`marl.rollout.EpisodePlayer`: one batched generate per actor per turn);
-2. per-agent rewards: in cooperative scenarios the team reward is split by the scenario's `credit`
+1. play: draw `prompts_per_step` tasks from one difficulty bucket (or take the plan's); play each
+   `group_size` times, all episodes in lockstep (`marl.rollout.EpisodePlayer`: one batched generate
+   per actor per turn; the Ray backend's `RayPlayer` plays the same jobs on rollout workers);
+2. score and credit: in cooperative scenarios the team reward is split by the scenario's `credit`
    section from counterfactual replays of each episode (common random numbers: unchanged inputs keep
    their recorded sample); in competitive ones each agent's zero-sum reward is its own;
-3. safeguards per agent: Self-BLEU of each group of that agent's messages, diversity penalty, floor
+3. guards per agent: Self-BLEU of each group of that agent's messages, diversity penalty, floor
    reward when a whole group's team reward failed (cooperative); masked rewards (a judge failure)
-   stay NaN;
-4. role-conditioned advantages: each agent's rewards are normalised within its own task group, and
+   stay NaN, and too many of them stop the run (`MaskedRewardGuard`);
+4. advantages, role-conditioned: each agent's rewards are normalised within its own task group, and
    every turn the agent took in that episode becomes a sample (observation -> message, advantage);
-5. one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents' samples).
+5. update: one `PolicyLearner.update` per trainable actor (a shared model trains on all its agents'
+   samples).
 
-Masked rewards are watched (`MaskedRewardGuard`): the first step on which more than
-`train.max_masked_fraction` of the episodes had a masked reward prints one warning line; when that
-share over the last MASKED_WINDOW steps (or all the steps of a shorter run, at its last step) is
-still above it, the step raises `MaskedRewardsError` before its update, so the weights, the last
-checkpoint and metrics.jsonl stay those of the last complete step. A run whose every reward is
-masked (an SQL scenario whose database is not a database, a judge that always fails) never ends
-with exit status 0.
-
-Self-play (competitive scenarios, `train.selfplay`): on a share of steps the learner plays against a
-snapshot from an `OpponentPool` instead of itself, taking alternate seats per task; each episode's
-result updates the ratings, and a snapshot joins the pool every `snapshot_every` steps.
+Features plug in rather than reach in. A `StepPlan` is what a stage or a feature asks of one step (its
+tasks, a prefix per task, a reward transform, an lr scale, another `Arena` to play in: the continual
+run's replay of an earlier scenario); `SelfPlay` (trainers/team/selfplay.py) picks the opponent of
+competitive steps; the episode player is this process's or the Ray backend's. With every feature off a
+step runs none of their code. Settings come resolved in a `trainers.config.TrainConfig`.
 
 What a step played and computed stays readable as `trainer.last_step` (a `StepResult`); its metrics
 are `trainers.team.metrics`. Seeding, the difficulty buckets, the repetition guards and the saved RNG
-state are the GRPO trainer's own (`trainers.grpo.shared`).
+state are the GRPO core's (`trainers.grpo.shared`).
 """
 
 from __future__ import annotations
@@ -37,7 +33,8 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,17 +44,11 @@ from marl.types import Task
 from trainers.grpo.objective import group_advantages, masked_mean
 from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
                                   repetition_guards, seed_everything)
-from trainers.team.metrics import (FIXED, TurnGuards, is_masked, masked_credit, match_scores, step_metrics,
-                                   success)
+from trainers.runs.fingerprint import fingerprint_changes, resume_fingerprint
+from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
+from trainers.team.selfplay import INITIAL, OPPONENT, SelfPlay  # noqa: F401 - the actor names, re-exported
 
-OPPONENT = "opponent"
-INITIAL = "initial"  # the evaluation's opponent: the policy as the run started
 MASKED_WINDOW = 5  # steps over which the masked share is judged
-
-
-def _opponent_actor(opponent: str) -> str:
-    """The actor that plays the opponent's seats: a fixed opponent's own, else the snapshot actor."""
-    return opponent if opponent.startswith(FIXED) else OPPONENT
 
 
 class MaskedRewardsError(ValueError):
@@ -75,13 +66,12 @@ def _masked_reason(episodes) -> str:
     return ""
 
 
-def _player(scenario, actors: dict, seats: dict, log):
-    """The episode player of `train.backend`: this process (local) or Ray rollout workers (ray)."""
-    train = scenario.spec.train
-    if train.backend == "ray":
+def episode_player(scenario, actors: dict, seats: dict, config, log=print):
+    """The episode player of `config.backend`: this process (local) or Ray rollout workers (ray)."""
+    if config.backend.kind == "ray":
         from trainers.ray.player import RayPlayer
 
-        return RayPlayer(scenario, actors, seats, train.ray, threads=train.threads, log=log)
+        return RayPlayer(scenario, actors, seats, config.backend.ray, threads=config.grpo.threads, log=log)
     return EpisodePlayer(scenario, actors, seats)
 
 
@@ -114,6 +104,32 @@ class MaskedRewardGuard:
                 "more with --set train.max_masked_fraction=0.9 (1 never stops)")
 
 
+@dataclass(frozen=True)
+class Arena:
+    """Where a step's episodes are played and scored: a scenario's spec (mode, credit, rewards) and its
+    episode player; `known` holds the task ids whose pass rates feed the difficulty sampler."""
+
+    spec: object
+    player: object
+    known: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a stage or a feature asks of one step (the main stage asks nothing: `StepPlan()`).
+
+    tasks: the step's tasks (None: drawn from the difficulty buckets); prefix: task id -> text put before
+    every observation; reward_transform(episode, agent, reward) -> reward; lr_scale: the learners' lr
+    is scaled by it; arena: another scenario to play in (None: the trainer's own).
+    """
+
+    tasks: list[Task] | None = None
+    prefix: dict[str, str] = field(default_factory=dict)
+    reward_transform: Callable | None = None
+    lr_scale: float = 1.0
+    arena: Arena | None = None
+
+
 @dataclass
 class StepResult:
     """What one `MultiAgentTrainer.step()` played and trained on (E episodes: G per task, task by task).
@@ -139,111 +155,103 @@ class StepResult:
 
 
 class MultiAgentTrainer:
-    """GRPO for every trainable actor of a scenario (see the module docstring)."""
+    """GRPO for every trainable actor of a scenario (see the module docstring).
+
+    `config` is the run's `trainers.config.TrainConfig`; `player` the episode player (default: the one
+    of config.backend). The trainer's fields are its own: nothing outside this class assigns to them.
+    """
 
     def __init__(self, scenario, actors: dict, seats: dict[str, str], tasks: list[Task], config, *,
-                 selfplay: bool = False, log=print):
+                 player=None, log=print):
         from trainers.grpo.learner import PolicyLearner
 
         if not tasks:
             raise ValueError(f"scenario {scenario.spec.name!r} has no training tasks")
-        self.scenario, self.spec, self.config, self.log = scenario, scenario.spec, config, log
+        self.scenario, self.spec, self.config, self.grpo, self.log = scenario, scenario.spec, config, config.grpo, log
         self.agents = list(scenario.agent_names)
         self.actors, self.seats = actors, seats
-        seed_everything(config)
-        self.learners = {name: PolicyLearner(actor.model, config) for name, actor in actors.items()
+        seed_everything(self.grpo)
+        self.learners = {name: PolicyLearner(actor.model, self.grpo) for name, actor in actors.items()
                          if actor.trainable and hasattr(actor, "model")}
         if not self.learners:
             raise ValueError(f"scenario {scenario.spec.name!r} has no trainable agent: give at least one agent "
                              "a model policy ('shared', 'own' or a model directory) with trainable: true")
-        self.player = _player(scenario, actors, seats, log)
+        self.player = player or episode_player(scenario, actors, seats, config, log)
         self.tasks = {task.id: task for task in tasks}
-        self.buckets = difficulty_buckets(tasks, config)
-        self.rng = random.Random(config.seed)
-        self.pool = self._opponent_pool() if selfplay else None
-        # only a run with a held-out set evaluates against its start (the copy costs one frozen model)
-        self.eval_opponents = self._initial_opponent() if selfplay and self.spec.tasks.eval_count else {}
+        self.arena = Arena(self.spec, self.player, frozenset(self.tasks))
+        self.buckets = difficulty_buckets(tasks, self.grpo)
+        self.rng = random.Random(self.grpo.seed)
+        self.selfplay = None if config.selfplay is None else SelfPlay(
+            config.selfplay, scenario, actors, seats, self.grpo.seed,
+            evaluate_against_start=bool(self.spec.tasks.eval_count))
         self.step_count = 0
         self.totals = {"masked_episodes": 0, "masked_credit": 0, "floored_groups": 0, "collapse_alarms": 0,
                        "episodes": 0}
         self.last_step: StepResult | None = None  # what the last step played and trained on
-        self.masked_guard = MaskedRewardGuard(self.spec.train.max_masked_fraction, config.steps, log)
-        self.turn_guards = TurnGuards(self.spec, log)  # truncated prompts, completions at max_tokens, silent tools
+        self.masked_guard = MaskedRewardGuard(config.loop.max_masked_fraction, self.grpo.steps, log)
+        # truncated prompts, completions at max_tokens, silent tools
+        self.turn_guards = TurnGuards(self.spec, config.loop.truncation_warn_fraction,
+                                      config.loop.tool_silence_steps, log)
+
+    @property
+    def pool(self):
+        """The self-play opponent pool (None without self-play)."""
+        return self.selfplay.pool if self.selfplay is not None else None
+
+    @property
+    def eval_opponents(self) -> dict:
+        """Actors the held-out evaluation plays the policy against ({'initial': its start} in self-play)."""
+        return self.selfplay.eval_opponents if self.selfplay is not None else {}
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
-    def step(self, *, prefix: dict[str, str] | None = None, tasks: list[Task] | None = None,
-             reward_transform=None, lr_scale: float = 1.0) -> dict[str, float]:
-        """One multi-agent GRPO step; returns its metrics.
-
-        Stages steer it with: `tasks` (instead of the bucket draw), `prefix` (task id -> text put before
-        every observation), `reward_transform(episode, agent, reward) -> reward` and `lr_scale`.
-        """
-        started = time.perf_counter()
-        bucket, tasks = self._draw_tasks(tasks)
-        opponent = self._pick_opponent()
-        jobs = self._jobs(tasks, opponent, prefix or {})
-        self.player.context = f"step {self.step_count + 1}"  # named by the Ray backend's error lines
-        batch = self.player.play(jobs)
-        lag = self._staleness(batch)
+    def step(self, plan: StepPlan | None = None) -> dict[str, float]:
+        """One multi-agent GRPO step (play -> score -> credit -> guards -> advantages -> update); its metrics."""
+        plan, started = plan or StepPlan(), time.perf_counter()
+        arena = plan.arena or self.arena
+        bucket, tasks = self._draw_tasks(plan.tasks)
+        opponent = self.selfplay.pick(self.rng) if self.selfplay is not None else None
+        batch = self._play(arena, self._jobs(tasks, opponent, plan.prefix))
         played = time.perf_counter()
-        rewards, credits = self._agent_rewards(batch, reward_transform)
+        rewards, credits = self._agent_rewards(arena, batch, plan.reward_transform)
         self._check_masked(batch, credits)
-        rewards, guards = self._apply_safeguards(batch, rewards)
+        rewards, guards = self._apply_safeguards(arena, batch, rewards)
         advantages = self._role_advantages(rewards)
         scored = time.perf_counter()
-        updates = {name: learner.update(*self._samples(batch, name, advantages), lr_scale=lr_scale,
-                                        offpolicy=bool(lag.get("ray/offpolicy_samples"))
-                                        or self.actors[name].engine.offpolicy)
-                   if self._has_samples(batch, name) else learner.keep_clock()
-                   for name, learner in self.learners.items()}
-        self._record_results(tasks, batch, credits, opponent)
-        self.step_count += 1
-        for learner in self.learners.values():
-            learner.end_step(self.step_count)
+        updates = self._update(arena, batch, advantages, plan.lr_scale)
+        self._record_results(arena, tasks, batch, credits, opponent)
         self.last_step = StepResult(batch, rewards, advantages, credits)
         times = {"time/play": played - started, "time/credit": scored - played,
                  "time/update": time.perf_counter() - scored, "time/step": time.perf_counter() - started}
-        metrics = {**step_metrics(self, self.last_step, bucket, guards, updates, times, opponent), **lag}
+        metrics = {**step_metrics(self, self.last_step, arena.spec.mode, bucket, guards, updates, times),
+                   **self._selfplay_metrics(batch, opponent), **batch.figures}
         return {**metrics, **self.turn_guards.update(self.step_count, batch)}  # length/*, tools/*: warns when due
-
-    def _staleness(self, batch) -> dict[str, float]:
-        """The Ray backend's off-policy figures of the batch (a StaleSampleError past max_staleness)."""
-        if self.spec.train.backend != "ray":
-            return {}
-        from trainers.ray.player import check_staleness
-
-        return check_staleness(batch.episodes, self.player.version, self.spec.train.ray.max_staleness)
-
-    def _check_masked(self, batch, credits) -> None:
-        """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
-        masked = [e for index, e in enumerate(batch.episodes)
-                  if is_masked(e) or (credits is not None and credits[index] is None)]
-        self.masked_guard.check(self.step_count, masked, len(batch.episodes))
 
     def _draw_tasks(self, tasks):
         if tasks is not None:
             return -1, list(tasks)
-        bucket, ids = self.buckets.sample_batch(self.config.prompts_per_step)
+        bucket, ids = self.buckets.sample_batch(self.grpo.prompts_per_step)
         return bucket, [self.tasks[i] for i in ids]
 
     def _jobs(self, tasks: list[Task], opponent, prefix: dict[str, str]) -> list[EpisodeJob]:
         """G jobs per task with distinct seeds; against an opponent the learner's seat alternates per task."""
-        g, jobs = self.config.group_size, []
+        g, jobs = self.grpo.group_size, []
         for index, task in enumerate(tasks):
-            seats = {}
-            if opponent is not None:
-                learner_seat = self.agents[(self.step_count + index) % len(self.agents)]
-                seats = {agent: _opponent_actor(opponent) for agent in self.agents if agent != learner_seat}
+            seats = SelfPlay.seats(opponent, self.agents, self.step_count + index)
             for member in range(g):
-                seed = self.config.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
+                seed = self.grpo.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
                 jobs.append(EpisodeJob(task, seed, seats=seats, prefix=prefix.get(task.id, "")))
         return jobs
 
-    def _agent_rewards(self, batch, reward_transform):
+    def _play(self, arena: Arena, jobs: list[EpisodeJob]) -> EpisodeBatch:
+        """The jobs' episodes, played together by the arena's episode player."""
+        arena.player.context = f"step {self.step_count + 1}"  # named by the Ray backend's error lines
+        return arena.player.play(jobs)
+
+    def _agent_rewards(self, arena: Arena, batch, reward_transform):
         """(episodes x agents) rewards and credit estimates (None where credit does not apply)."""
-        cooperative = self.spec.mode == "cooperative"
-        credits = episode_credits(self.player, batch.episodes, self.spec.credit) if cooperative else None
+        cooperative = arena.spec.mode == "cooperative"
+        credits = episode_credits(arena.player, batch.episodes, arena.spec.credit) if cooperative else None
         rows = []
         for index, episode in enumerate(batch.episodes):
             if credits is not None:
@@ -253,17 +261,23 @@ class MultiAgentTrainer:
             if reward_transform is not None:
                 row = {a: reward_transform(episode, a, r) for a, r in row.items()}
             rows.append(row)
-        shrink_rewards(rows, shrink_factors(batch.episodes, self.config.group_size, self.spec),
-                       self.config.group_size, self.agents)
+        shrink_rewards(rows, shrink_factors(batch.episodes, self.grpo.group_size, arena.spec),
+                       self.grpo.group_size, self.agents)
         return rows, credits
 
-    def _apply_safeguards(self, batch, rewards):
+    def _check_masked(self, batch, credits) -> None:
+        """Feed the masked-reward guard: episodes masked by a scorer, or whose credit could not be split."""
+        masked = [e for index, e in enumerate(batch.episodes)
+                  if is_masked(e) or (credits is not None and credits[index] is None)]
+        self.masked_guard.check(self.step_count, masked, len(batch.episodes))
+
+    def _apply_safeguards(self, arena: Arena, batch, rewards):
         """Per agent: Self-BLEU per group, diversity penalty, floor reward (cooperative); the `guard/*` metrics."""
-        cfg, tally = self.config, GuardTally()
+        cfg, tally = self.grpo, GuardTally()
         for agent in self.agents:
             texts = [" ".join(t.text for t in e.turns if t.agent == agent) for e in batch.episodes]
             column = repetition_guards(texts, [row[agent] for row in rewards], cfg, tally)
-            if cfg.floor_reward > 0 and self.spec.mode == "cooperative":
+            if cfg.floor_reward > 0 and arena.spec.mode == "cooperative":
                 column, count = self._floor_failed_groups(batch, column, agent)
                 tally.floored_groups += count
             for row, value in zip(rewards, column):
@@ -279,12 +293,12 @@ class MultiAgentTrainer:
         """
         from trainers.grpo.safeguards import apply_floor_reward
 
-        g, progress, column, floored = self.config.group_size, self._progress(batch, agent), list(column), 0
+        g, progress, column, floored = self.grpo.group_size, self._progress(batch, agent), list(column), 0
         for start in range(0, len(column), g):
             team = [e.team_reward() for e in batch.episodes[start:start + g]]
             if all(math.isnan(r) or r <= 0 for r in team):
                 column[start:start + g], count = apply_floor_reward(column[start:start + g], g,
-                                                                    progress[start:start + g], self.config.floor_reward)
+                                                                    progress[start:start + g], self.grpo.floor_reward)
                 floored += count
         return column, floored
 
@@ -307,13 +321,23 @@ class MultiAgentTrainer:
         advantages = {}
         for agent in self.agents:
             column = torch.tensor([row[agent] for row in rewards], dtype=torch.float64)
-            advantages[agent] = group_advantages(column, self.config.group_size, self.config.scale_rewards).tolist()
+            advantages[agent] = group_advantages(column, self.grpo.group_size, self.grpo.scale_rewards).tolist()
         return advantages
 
-    def _has_samples(self, batch, actor: str) -> bool:
-        return bool(batch.generations.get(actor))
+    def _update(self, arena: Arena, batch, advantages, lr_scale: float) -> dict[str, dict]:
+        """One update per learner on its actor's sampled turns (a learner that sampled nothing keeps its
+        lr clock); its stats by learner."""
+        updates = {}
+        for name, learner in self.learners.items():
+            if not batch.generations.get(name):
+                updates[name] = learner.keep_clock()
+                continue
+            offpolicy = batch.offpolicy or self.actors[name].engine.offpolicy  # correct for another sampler
+            updates[name] = learner.update(*self._samples(arena, batch, name, advantages), lr_scale=lr_scale,
+                                           offpolicy=offpolicy)
+        return updates
 
-    def _samples(self, batch, actor: str, advantages):
+    def _samples(self, arena: Arena, batch, actor: str, advantages):
         """The actor's sampled turns as one Completions batch with each turn's advantage."""
         from trainers.policy.sampling import concat_completions, select_rows
 
@@ -330,15 +354,15 @@ class MultiAgentTrainer:
         merged = concat_completions(batch.generations[actor])
         device = merged.completion_ids.device  # the model's: the learner trains there
         rows = select_rows(merged, torch.tensor(index, device=device))  # a copy: the played batch stays as sampled
-        self._mask_unheard(rows, [t for e in batch.episodes for t in e.turns if t.actor == actor], actor)
+        self._mask_unheard(rows, [t for e in batch.episodes for t in e.turns if t.actor == actor], actor,
+                           arena.spec.action_max_chars)
         return rows, torch.tensor(values, dtype=torch.float32, device=device)
 
-    def _mask_unheard(self, rows, turns, actor: str) -> None:
+    def _mask_unheard(self, rows, turns, actor: str, limit: int) -> None:
         """Mask 0 on completion tokens the environment never heard: past action_max_chars of a clipped
         message (and its stop token), so the policy is not trained on text that changed nothing."""
         from trainers.policy.prompts import heard_tokens
 
-        limit = self.spec.action_max_chars
         for row, turn in enumerate(turns):
             if len(turn.text) <= limit:
                 continue  # heard whole: the mask is the sampler's (relay's messages always are)
@@ -348,97 +372,39 @@ class MultiAgentTrainer:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _record_results(self, tasks, batch, credits, opponent) -> None:
-        """Pass rates for the bucket sampler, the run's totals, and match results for the opponent pool."""
-        successes = [success(e, self.spec.mode) for e in batch.episodes]
-        record_pass_rates(self.buckets, tasks, successes, self.config.group_size, known=self.tasks)
+    def _record_results(self, arena: Arena, tasks, batch, credits, opponent) -> None:
+        """Pass rates for the bucket sampler, the run's totals, and the self-play results; then the step
+        ends: the count moves on and each learner ends its step (a moving KL reference moves)."""
+        successes = [success(e, arena.spec.mode) for e in batch.episodes]
+        record_pass_rates(self.buckets, tasks, successes, self.grpo.group_size, known=arena.known)
         self.totals["episodes"] += len(batch.episodes)
         self.totals["masked_episodes"] += sum(is_masked(e) for e in batch.episodes)
         if credits is not None:
             self.totals["masked_credit"] += masked_credit(batch.episodes, credits)
-        if self.pool is not None:
-            self._record_matches(batch, opponent)
-            if (self.step_count + 1) % self.spec.train.selfplay.snapshot_every == 0:
-                self.pool.add_snapshot(self.step_count + 1, _snapshot(self.actors["shared"].model))
+        if self.selfplay is not None:
+            self.selfplay.record(batch.episodes, self.agents, opponent, self.step_count + 1)
+        self.step_count += 1
+        for learner in self.learners.values():
+            learner.end_step(self.step_count)
+
+    def _selfplay_metrics(self, batch, opponent) -> dict[str, float]:
+        return self.selfplay.metrics(batch.episodes, self.agents, opponent) if self.selfplay is not None else {}
 
     def restart_frozen_copies(self) -> None:
         """After a warm-up changed the weights: the KL references and the opponent pool start from them."""
         for name, learner in self.learners.items():
             if learner.reference is not None:
                 learner.reference.load_state_dict(self.actors[name].model.state_dict())
-        if self.pool is not None:
-            self.pool = self._opponent_pool()
+        if self.selfplay is not None:
+            self.selfplay.restart()
 
-    # -- self-play --------------------------------------------------------------------------------
-
-    def _opponent_pool(self):
-        from trainers.grpo.learner import frozen_copy
-        from marl.selfplay import OpponentPool
-
-        settings = self.spec.train.selfplay
-        shared = self.actors.get("shared")
-        if shared is None or not shared.trainable or set(self.seats.values()) != {"shared"}:
-            raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
-                             "train.selfplay.enabled: false or make every agent's policy 'shared'")
-        self.actors[OPPONENT] = self._frozen_actor(OPPONENT, seed_offset=99)
-        pool = OpponentPool(max_size=settings.pool_size, strategy=settings.strategy, ratings=settings.ratings,
-                            seed=self.config.seed)
-        pool.add_snapshot(0, _snapshot(shared.model))
-        return pool
-
-    def _initial_opponent(self) -> dict:
-        """{'initial': a frozen greedy copy of the policy as the run starts (before any stage, as in
-        before.json)}: the evaluation's vs/initial/* says how the trained policy fares against it."""
-        return {INITIAL: self._frozen_actor(INITIAL, seed_offset=98)}
-
-    def _frozen_actor(self, name: str, *, seed_offset: int):
-        """A frozen ModelActor `name` holding a copy of the shared policy's weights now (with LoRA: a frozen
-        adapter on the same base), with its sampling settings, roles and prompt style."""
-        from trainers.grpo.learner import frozen_copy
-        from trainers.policy.actors import ModelActor
-        from trainers.policy.adapters import opponent_model
-
-        shared = self.actors["shared"]
-        return ModelActor(name, opponent_model(shared.model, name, frozen_copy), shared.tokenizer, trainable=False,
-                          temperature=shared.temperature, top_p=shared.top_p, seed=self.config.seed + seed_offset,
-                          styles=shared.styles)
-
-    def _pick_opponent(self):
-        """None (self-play), a fixed opponent (FIXED + its name: train.selfplay.fixed_opponents) or the
-        pool id of the snapshot the learner faces this step."""
-        settings = self.spec.train.selfplay
-        if self.pool is None:
-            return None
-        if settings.fixed_opponents:  # drawn only when configured: runs without them keep their draws
-            draw = self.rng.random()
-            for name, share in settings.fixed_opponents.items():
-                if draw < share:
-                    return self._fixed_opponent(name)
-                draw -= share
-        if self.rng.random() < settings.self_play_fraction:
-            return None
-        opponent_id, snapshot = self.pool.sample()
-        self.actors[OPPONENT].model.load_state_dict(snapshot)
-        return opponent_id
-
-    def _fixed_opponent(self, name: str) -> str:
-        """The id of the scenario's fixed opponent `name`, its actor built on first use."""
-        from marl.policies import get_policy
-        from marl.rollout import PolicyActor
-
-        opponent = FIXED + name
-        if opponent not in self.actors:  # called in seat order, as a loop over the agents would (seeded)
-            policy = get_policy(self.spec.opponents[name], self.scenario, self.config.seed)
-            self.actors[opponent] = PolicyActor(policy, order=self.agents)
-        return opponent
-
-    def _record_matches(self, batch, opponent) -> None:
-        """Match results against a pool snapshot go to its ratings; a fixed opponent has none (its
-        score is the step's selfplay/fixed/NAME/score)."""
-        if opponent is None or opponent.startswith(FIXED):
-            return
-        for score in match_scores(batch.episodes, self.agents, OPPONENT):
-            self.pool.record(opponent, score)
+    def anchor_references(self, make_reference) -> None:
+        """Give each learner with a KL term the reference `make_reference(name, model)` returns (None keeps
+        its own): a continual run anchors its KL to the earlier policy (trainers/continual.py)."""
+        for name, learner in self.learners.items():
+            reference = make_reference(name, self.actors[name].model) if learner.reference is not None else None
+            if reference is not None:
+                learner.set_reference(reference)
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -446,7 +412,6 @@ class MultiAgentTrainer:
         """Checkpoint directory name -> (model, tokenizer) of every trainable actor."""
         return {("model" if name == "shared" else f"model-{name}"): (self.actors[name].model, self.actors[name].tokenizer)
                 for name in self.learners}
-
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue like an uninterrupted one."""
@@ -457,12 +422,12 @@ class MultiAgentTrainer:
                 "scripted_rngs": {name: list(a.policy.rng.getstate()) for name, a in self.actors.items()
                                   if hasattr(getattr(a, "policy", None), "rng")},
                 "rng": self.rng.getstate(),
-                "pool": self.pool.state_dict() if self.pool is not None else None,
+                "pool": self.selfplay.state_dict() if self.selfplay is not None else None,
                 "scenario": resume_fingerprint(self.spec)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()` (same scenario, actors and config; more steps are allowed)."""
-        changed = _differences(_identified(state.get("scenario", {})), resume_fingerprint(self.spec))
+        changed = fingerprint_changes(state.get("scenario", {}), self.spec)
         if changed:
             raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
                              "with the same scenario and --set values (only step counts may change), or start a "
@@ -475,73 +440,8 @@ class MultiAgentTrainer:
         for name, rng_state in state.get("scripted_rngs", {}).items():  # seeded scripted policies (random)
             self.actors[name].policy.rng.setstate(_as_tuple_state(rng_state))
         self.rng.setstate(_as_tuple_state(state["rng"]))
-        if self.pool is not None and state.get("pool") is not None:
-            self.pool.load_state_dict(state["pool"])
-
-
-STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_every"),
-             ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
-             ("train", "safety", "steps"), ("train", "max_masked_fraction"),  # a stopped run may resume with a new limit
-             ("train", "truncation_warn_fraction"), ("train", "tool_silence_steps"),  # warnings only
-             # where episodes are played changes nothing (staleness 0): a run resumes on either backend
-             ("train", "backend"), ("train", "ray", "address"), ("train", "ray", "rollout_workers"),
-             ("train", "ray", "num_cpus"), ("train", "ray", "num_gpus"), ("train", "ray", "max_retries"),
-             ("train", "ray", "object_store_mb")}
-
-
-def resume_fingerprint(spec) -> dict:
-    """The scenario as plain data, minus what a resumed run may change (step counts, threads, tracking).
-
-    A model directory (train.model, an agent's own policy) is recorded by its content, not its path, so
-    a run resumes after its base model moved (a new cache folder, another disk) and still refuses a
-    different model at the old path.
-    """
-    data = spec.model_dump(mode="json")
-    for path in STEP_KEYS:
-        node = data
-        for key in path[:-1]:
-            node = node[key]
-        node.pop(path[-1], None)
-    data["train"]["model"] = _model_identity(data["train"]["model"])
-    for agent in data.get("agents", []):
-        agent["policy"] = _model_identity(agent["policy"])
-    return data
-
-
-def _identified(saved: dict) -> dict:
-    """A saved fingerprint with its model directories as `_model_identity`s (a checkpoint written before
-    they were recorded by content holds their paths)."""
-    if isinstance(saved.get("train"), dict) and isinstance(saved["train"].get("model"), str):
-        saved["train"]["model"] = _model_identity(saved["train"]["model"])
-    for agent in saved.get("agents", []) if isinstance(saved.get("agents"), list) else []:
-        if isinstance(agent, dict) and isinstance(agent.get("policy"), str):
-            agent["policy"] = _model_identity(agent["policy"])
-    return saved
-
-
-def _model_identity(name: str) -> str:
-    """'sha256:<config and weights>' of a model directory (trainers/policy/adapters.py:base_fingerprint);
-    anything else ('tiny', 'shared', a scripted policy) as it is."""
-    from pathlib import Path
-
-    if name in ("tiny", "shared", "own") or ":" in name or not (Path(name).expanduser() / "config.json").is_file():
-        return name
-    from trainers.policy.adapters import base_fingerprint
-
-    return "sha256:" + base_fingerprint(Path(name).expanduser())
-
-
-def _differences(saved, current, path: str = "") -> list[str]:
-    """'key.path: saved -> current' for every leaf that differs. A key the checkpoint does not have is a
-    setting added to marl since it was written (e.g. train.packing): not a change, so an upgrade can resume."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        return [line for key in sorted(set(saved) | set(current)) if key in saved
-                for line in _differences(saved.get(key), current.get(key), f"{path}.{key}" if path else key)]
-    return [] if saved == current else [f"{path}: {saved!r} -> {current!r}"]
-
-
-def _snapshot(model) -> dict:
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+        if self.selfplay is not None and state.get("pool") is not None:
+            self.selfplay.load_state_dict(state["pool"])
 
 
 def _as_tuple_state(state):

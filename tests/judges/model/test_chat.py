@@ -1,4 +1,4 @@
-"""judges/model/chat.py: the one rendering of a turn, the end tokens, and the model-directory checks; and
+"""common/chat.py: the one rendering of a turn, the end tokens, and the model-directory checks; and
 the local backend behind `marl serve` using them (the template on the prompt, a stop at every eos)."""
 
 import pytest
@@ -18,7 +18,7 @@ def chatml(real_model_dirs):
 
 
 def test_render_chat_applies_the_template_with_the_generation_prompt(chatml):
-    from judges.model.chat import render_chat, uses_template
+    from common.chat import render_chat, uses_template
 
     assert uses_template(chatml) and render_chat(chatml, MESSAGES) == CHATML
     assert not uses_template(chatml, "none") and render_chat(chatml, MESSAGES, "none") == "You are the solver.\n12+35="
@@ -29,7 +29,7 @@ def test_render_chat_applies_the_template_with_the_generation_prompt(chatml):
 def test_a_tokenizer_without_a_template_gets_the_plain_text():
     from types import SimpleNamespace
 
-    from judges.model.chat import end_of_turn_id, render_chat
+    from common.chat import end_of_turn_id, render_chat
 
     tokenizer = SimpleNamespace(chat_template=None, eos_token_id=2)  # as the embedded character tokenizer
     assert render_chat(tokenizer, MESSAGES) == "You are the solver.\n12+35="
@@ -37,7 +37,7 @@ def test_a_tokenizer_without_a_template_gets_the_plain_text():
 
 
 def test_the_end_of_turn_is_the_token_that_closes_an_assistant_message(chatml):
-    from judges.model.chat import end_of_turn_id
+    from common.chat import end_of_turn_id
 
     assert end_of_turn_id(chatml) == chatml.convert_tokens_to_ids("<|im_end|>")
 
@@ -45,7 +45,7 @@ def test_the_end_of_turn_is_the_token_that_closes_an_assistant_message(chatml):
 def test_stop_ids_join_the_generation_config_list_the_eos_and_the_end_of_turn(chatml):
     from types import SimpleNamespace
 
-    from judges.model.chat import stop_token_ids
+    from common.chat import stop_token_ids
 
     im_end, text_end = (chatml.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[text_end, im_end]))
@@ -58,7 +58,7 @@ def test_stop_ids_join_the_generation_config_list_the_eos_and_the_end_of_turn(ch
 def test_ensure_pad_token_pads_with_eos_and_refuses_a_tokenizer_with_neither():
     from types import SimpleNamespace
 
-    from judges.model.chat import ensure_pad_token
+    from common.chat import ensure_pad_token
 
     lines = []
     tokenizer = SimpleNamespace(pad_token_id=None, eos_token_id=5, eos_token="</s>", pad_token=None)
@@ -73,7 +73,7 @@ def test_ensure_pad_token_pads_with_eos_and_refuses_a_tokenizer_with_neither():
     ("no_eos", ": the tokenizer has neither a pad token nor an eos token; set tokenizer.eos_token"),
 ])
 def test_check_model_dir_names_the_problem_in_one_line(real_model_dirs, tmp_path, kind, expected):
-    from judges.model.chat import check_model_dir
+    from common.chat import check_model_dir
 
     problem = check_model_dir(broken_model_dir(real_model_dirs["llama"], tmp_path / kind, kind))
     assert expected in problem and "\n" not in problem
@@ -82,7 +82,7 @@ def test_check_model_dir_names_the_problem_in_one_line(real_model_dirs, tmp_path
 
 
 def test_a_tokenizer_with_eos_but_no_pad_is_accepted_and_pads_with_eos(real_model_dirs, tmp_path):
-    from judges.model.chat import check_model_dir
+    from common.chat import check_model_dir
     from judges.model.local_backend import LocalModel
 
     directory = broken_model_dir(real_model_dirs["llama"], tmp_path / "no_pad", "no_pad")

@@ -58,7 +58,7 @@ def _nudge(policy, scale: float, seed: int = 0) -> None:
 
 
 def _settings(tokenizer, greedy=False, max_new_tokens=6) -> SamplingSettings:
-    from judges.model.chat import stop_token_ids
+    from common.chat import stop_token_ids
 
     return SamplingSettings(max_new_tokens=max_new_tokens, temperature=1.0, greedy=greedy,
                             stop_ids=tuple(stop_token_ids(None, tokenizer)), pad_id=tokenizer.pad_token_id)

@@ -31,7 +31,7 @@ def _softmax(model, messages):
     """The model's own next-token distribution after the rendered prompt (float64)."""
     import torch
 
-    from judges.model.chat import render_chat
+    from common.chat import render_chat
 
     ids = model.tokenizer(render_chat(model.tokenizer, list(messages)), add_special_tokens=False,
                           return_tensors="pt")["input_ids"]

@@ -112,7 +112,7 @@ def test_compact_batch_keeps_loss_and_gradient_exact(micro_policy, beta):
     advantages = torch.tensor([0.0] * 4 + [1.0] * 2 + [-1.0] * 2 + [0.0] * 4 + [2.0, -2.0, 0.0, 0.0])
     reference = completion_logprobs(model, completions).detach()
     for loss_type in ("dapo", "bnpo", "grpo", "dr_grpo"):
-        trainer.config.loss_type = loss_type
+        trainer.config = trainer.config.with_knobs(loss_type=loss_type)
         rows, row_adv, weights, scale = trainer._compact_batch(completions, advantages)
         assert rows.completion_ids.size(0) < 16 and weights.sum() <= 16
         if beta == 0:

@@ -21,6 +21,7 @@ from trainers.grpo.learner import PolicyLearner
 from trainers.policy.actors import ModelActor
 from trainers.policy.adapters import AdapterBase, AdapterPolicy, BaseReference
 from trainers.policy.tinylm import load_policy
+from trainers.team.trainer import StepPlan
 from helpers.scenario_files import race_yaml
 from helpers.signal import by_seed
 
@@ -41,7 +42,7 @@ def _race_trainer(tmp_path, *settings):
 
     path = tmp_path / "race.yaml"
     path.write_text(race_yaml(8, train="  stages: [main]\n"))
-    _, _, _, trainer = prepare(RunOptions(str(path), [*RACE, *settings]), log=lambda *_: None)
+    _, _, _, trainer, _ = prepare(RunOptions(str(path), [*RACE, *settings]), log=lambda *_: None)
     return trainer
 
 
@@ -50,7 +51,7 @@ def test_the_reference_moves_to_the_policy_every_n_steps_and_stays_between(demo_
     model, learner = trainer.actors["shared"].model, trainer.learners["shared"]
     start, kls = _copy(model), []
     for step in range(1, 5):
-        kls.append(trainer.step(reward_transform=by_seed)["train/kl"])  # a spread: every step updates
+        kls.append(trainer.step(StepPlan(reward_transform=by_seed))["train/kl"])  # a spread: every step updates
         reference = _copy(learner.reference)
         if step % 2:  # between moves: the reference is where the last move (or the start) left it
             assert _same(reference, start if step == 1 else moved) and not _same(reference, _copy(model))
@@ -112,15 +113,12 @@ def test_a_moving_reference_without_a_kl_term_is_one_line(capsys):
 
 
 def test_a_moving_reference_with_init_from_is_refused(tmp_path):
-    from types import SimpleNamespace
-
     from marl.scenario.spec import TrainSpec
     from trainers.continual import ContinualError, continual_beta
 
-    train = TrainSpec(beta=0.1, ref_update_every=10)
     with pytest.raises(ContinualError, match="set ref_update_every: 0"):
-        continual_beta(SimpleNamespace(spec=SimpleNamespace(train=train)))
-    assert continual_beta(SimpleNamespace(spec=SimpleNamespace(train=TrainSpec(beta=0.1)))) == 0.1
+        continual_beta(TrainSpec(beta=0.1, ref_update_every=10))
+    assert continual_beta(TrainSpec(beta=0.1)) == 0.1
 
 
 def test_the_single_agent_trainer_moves_its_reference_too(micro_policy):

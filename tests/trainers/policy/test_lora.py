@@ -116,12 +116,13 @@ def _storage_bytes(models) -> int:
 
 def team_memory(base_dir, lora: bool) -> tuple[int, object]:
     """Parameter bytes of relay's three 'own' agents with their KL references: (bytes, trainer)."""
+    from trainers.config import resolve_config
     from trainers.team.trainer import MultiAgentTrainer
 
     overrides = RELAY + OWN + (["train.lora.r=16"] if lora else [])
     scenario = load_scenario("relay", overrides)
-    actors, seats = build_actors(scenario, base_dir, seed=0)
-    trainer = MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], _config(), log=lambda message: None)
+    actors, seats = build_actors(scenario, base_dir, seed=0, lora=scenario.spec.train.lora)
+    trainer = MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], resolve_config(scenario, grpo=_config()), log=lambda message: None)
     models = [a.model for a in actors.values()] + [learner.reference for learner in trainer.learners.values()]
     return _storage_bytes(models), trainer
 
@@ -145,17 +146,18 @@ def test_own_agents_share_one_frozen_base_in_memory(real_model_dirs):
 
 
 def test_selfplay_opponent_is_a_frozen_adapter_and_snapshots_hold_adapter_weights(real_model_dirs, tmp_path):
-    from trainers.team.trainer import OPPONENT, MultiAgentTrainer
+    from trainers.config import resolve_config
+    from trainers.team.trainer import OPPONENT, MultiAgentTrainer, StepPlan
 
     (tmp_path / "race.yaml").write_text(race_yaml())
     scenario = load_scenario(tmp_path / "race.yaml", ["train.lora.r=4", "train.selfplay.snapshot_every=1",
                                     "train.selfplay.self_play_fraction=0.0"])
-    actors, seats = build_actors(scenario, real_model_dirs["qwen2"], seed=0)
-    trainer = MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], _config(), selfplay=True,
+    actors, seats = build_actors(scenario, real_model_dirs["qwen2"], seed=0, lora=scenario.spec.train.lora)
+    trainer = MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], resolve_config(scenario, grpo=_config()),
                                 log=lambda message: None)
     shared, opponent = trainer.actors["shared"].model, trainer.actors[OPPONENT].model
     assert isinstance(opponent, AdapterPolicy) and opponent.owner is shared.owner and not opponent.trainable
-    trainer.step(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2)
+    trainer.step(StepPlan(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2))
     _, snapshot = trainer.pool.sample()
     assert snapshot and all("lora_" in key for key in snapshot)  # adapter weights only, no base copy
     assert set(snapshot) == set(shared.state_dict())
@@ -165,7 +167,7 @@ def test_adapters_on_a_bfloat16_base_keep_float32_weights(real_model_dirs):
     """build_actors loads the base straight in train.dtype, so peft makes its adapters in float32 on it
     (casting a wrapped model afterwards would turn the adapters to bfloat16 too)."""
     scenario = load_scenario("relay", RELAY + OWN + ["train.lora.r=4", "train.dtype=bfloat16"])
-    actors, _ = build_actors(scenario, real_model_dirs["qwen2"], seed=0, device="cpu", dtype="bfloat16")
+    actors, _ = build_actors(scenario, real_model_dirs["qwen2"], seed=0, device="cpu", dtype="bfloat16", lora=scenario.spec.train.lora)
     model = actors["left"].model
     base_dtypes = {p.dtype for name, p in model.owner.peft.named_parameters() if "lora_" not in name}
     adapter_dtypes = {p.dtype for p in model.parameters()}

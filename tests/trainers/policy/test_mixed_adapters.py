@@ -51,7 +51,7 @@ def test_mixed_batch_logits_equal_each_adapters_own_forward(real_model_dirs):
 def own_team(demo_model_dir):
     """relay with three `own` LoRA agents on the demo model (relay's base), their adapters nudged apart."""
     scenario = load_scenario("relay", OWN_LORA)
-    actors, seats = build_actors(scenario, demo_model_dir, seed=0)
+    actors, seats = build_actors(scenario, demo_model_dir, seed=0, lora=scenario.spec.train.lora)
     _nudge([actors[name].model for name in ("left", "right", "final")])
     return scenario, actors, seats
 

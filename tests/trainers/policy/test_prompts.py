@@ -97,7 +97,7 @@ def test_agent_styles_take_the_agents_mode_else_the_scenarios():
 def test_turn_prompts_carry_the_template_skip_an_empty_role_and_obey_none(real_model_dirs):
     from transformers import AutoTokenizer
 
-    from judges.model.chat import render_chat
+    from common.chat import render_chat
     from trainers.policy.prompts import TurnStyle, turn_messages, turn_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(real_model_dirs["qwen2"])

@@ -20,7 +20,8 @@ pytest.importorskip("ray")
 from marl.scenario.load import load_scenario  # noqa: E402
 from trainers.grpo.config import GRPOConfig  # noqa: E402
 from trainers.policy.actors import ModelActor  # noqa: E402
-from trainers.team.trainer import MultiAgentTrainer  # noqa: E402
+from trainers.config import resolve_config  # noqa: E402
+from trainers.team.trainer import MultiAgentTrainer, StepPlan  # noqa: E402
 from helpers.signal import by_seed  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a real cluster: seconds to start, minutes in all
@@ -48,13 +49,13 @@ def _trainer(micro_policy, backend: str, scenario="relay", overrides=RELAY, stal
     seats = {agent: "shared" for agent in spec.agent_names}
     config = GRPOConfig(steps=STEPS, prompts_per_step=2, group_size=3, max_new_tokens=4, lr=1e-2, seed=0,
                         floor_reward=0.0, diversity_penalty=0.0)
-    return MultiAgentTrainer(spec, actors, seats, spec.split()[0], config, log=lambda message: None)
+    return MultiAgentTrainer(spec, actors, seats, spec.split()[0], resolve_config(spec, grpo=config), log=lambda message: None)
 
 
 def _run(trainer, steps=STEPS, reward_transform=None):
     losses, rewards = [], []
     for _ in range(steps):
-        metrics = trainer.step(reward_transform=reward_transform)
+        metrics = trainer.step(StepPlan(reward_transform=reward_transform))
         losses.append(metrics["policy/shared/loss"])
         rewards.append([[row[a] for a in sorted(row)] for row in trainer.last_step.rewards])
     texts = [[t.text for t in e.turns] for e in trainer.last_step.episodes]

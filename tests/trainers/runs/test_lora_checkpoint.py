@@ -12,7 +12,8 @@ from marl.scenario.load import load_scenario
 from trainers.grpo.config import GRPOConfig
 from trainers.policy.actors import build_actors
 from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.team.trainer import MultiAgentTrainer
+from trainers.config import resolve_config
+from trainers.team.trainer import MultiAgentTrainer, StepPlan
 
 RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.absent=null_message", "train.threads=1",
          "train.lora.r=4", "agents.0.policy=own", "agents.1.policy=own"]
@@ -37,14 +38,14 @@ def _scenario(base_dir):
 
 def _trainer(base_dir):
     scenario = _scenario(base_dir)
-    actors, seats = build_actors(scenario, base_dir, seed=0)
+    actors, seats = build_actors(scenario, base_dir, seed=0, lora=scenario.spec.train.lora)
     config = GRPOConfig(steps=4, prompts_per_step=2, group_size=2, max_new_tokens=4, lr=5e-2, beta=0.04, seed=0,
                         floor_reward=0.0, diversity_penalty=0.0)
-    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], config, log=lambda message: None)
+    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], resolve_config(scenario, grpo=config), log=lambda message: None)
 
 
 def _step(trainer) -> dict:
-    metrics = trainer.step(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2)
+    metrics = trainer.step(StepPlan(reward_transform=lambda episode, agent, reward: reward + episode.job.seed % 2))
     return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 

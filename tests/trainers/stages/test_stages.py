@@ -23,7 +23,7 @@ from trainers.stages.reflection import (REASON_TEMPLATE, failure_reason, reflect
                                  select_low_rate_tasks, task_pass_rates)
 from trainers.stages.safety import (REFUSAL, adversarial_tasks, drop_part, fabricated, safety_step, safety_transform,
                              violates)
-from trainers.stages.warmup import stage_at, stage_plan
+from trainers.config import stage_at, stage_plan
 
 SMALL = ["train.prompts_per_step=2", "train.group_size=2", "tasks.count=40", "tasks.eval_count=4",
          "train.floor_reward=0"]
@@ -35,7 +35,7 @@ def relay(demo_model_dir):
     from trainers.run import RunOptions, prepare
 
     def make(*overrides: str):
-        scenario, train_tasks, _, trainer = prepare(RunOptions("relay", SMALL + list(overrides)), log=lambda m: None)
+        scenario, train_tasks, _, trainer, _ = prepare(RunOptions("relay", SMALL + list(overrides)), log=lambda m: None)
         return scenario, train_tasks, trainer
 
     return make
@@ -283,7 +283,7 @@ def test_stage_plan_runs_the_stages_in_the_listed_order():
     scenario = load_scenario("relay", ["train.stages=[main,reflection,safety]", "train.steps=2",
                                        "train.reflection.steps=1", "train.safety.steps=3"])
     plan = stage_plan(scenario.spec.train)
-    assert plan == [("main", 2), ("reflection", 1), ("safety", 3)]
+    assert plan == (("main", 2), ("reflection", 1), ("safety", 3))
     assert [stage_at(plan, step) for step in range(6)] == [("main", 0), ("main", 1), ("reflection", 0),
                                                             ("safety", 0), ("safety", 1), ("safety", 2)]
     with pytest.raises(ValueError, match="past the plan"):

@@ -51,11 +51,12 @@ def micro_dir(micro_policy, tmp_path):
 
 
 def _trainer(scenario, model_dir):
+    from trainers.config import resolve_config
     from trainers.team.trainer import MultiAgentTrainer
 
-    actors, seats = build_actors(scenario, model_dir, seed=0)
+    actors, seats = build_actors(scenario, model_dir, seed=0, lora=scenario.spec.train.lora)
     config = GRPOConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, seed=0)
-    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], config, log=lambda line: None)
+    return MultiAgentTrainer(scenario, actors, seats, scenario.split()[0], resolve_config(scenario, grpo=config), log=lambda line: None)
 
 
 def _weights(model) -> dict[str, torch.Tensor]:
@@ -108,7 +109,8 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_and_the_tiny_one_todays
 
 def test_an_agents_own_model_directory_is_pretrained_even_with_the_tiny_base(real_model_dirs):
     scenario = load_scenario("relay", RELAY + [f"agents.2.policy={real_model_dirs['gpt2']}"])
-    assert not warmup.is_pretrained(scenario, "shared") and warmup.is_pretrained(scenario, "final")
+    base = scenario.spec.train.model
+    assert not warmup.is_pretrained(scenario, "shared", base) and warmup.is_pretrained(scenario, "final", base)
 
 
 def test_a_learner_that_meets_the_target_does_not_train(micro_dir):

@@ -204,9 +204,9 @@ def test_completion_tokens_past_action_max_chars_get_mask_0(real_model_dirs):
 
     overrides = [f"train.model={real_model_dirs['qwen2']}", "action_max_chars=3", *SMALL,
                  *(f"agents.{i}.max_tokens=8" for i in range(3))]
-    _, train_tasks, _, trainer = prepare(RunOptions("relay", overrides), log=lambda line: None)
+    _, train_tasks, _, trainer, _ = prepare(RunOptions("relay", overrides), log=lambda line: None)
     batch = trainer.player.play(trainer._jobs(train_tasks[:2], None, {}))
-    rows, _ = trainer._samples(batch, "shared", {a: [0.0] * len(batch.episodes) for a in trainer.agents})
+    rows, _ = trainer._samples(trainer.arena, batch, "shared", {a: [0.0] * len(batch.episodes) for a in trainer.agents})
     turns = [t for e in batch.episodes for t in e.turns if t.actor == "shared"]
     tokenizer, clipped = trainer.actors["shared"].tokenizer, 0
     for row, turn in enumerate(turns):
@@ -235,7 +235,7 @@ def test_a_step_reports_truncated_prompts_and_completions_at_their_limit_and_war
     lines = []
     overrides = [f"train.model={real_model_dirs['llama']}", "max_prompt_tokens=3", *SMALL,
                  *(f"agents.{i}.max_tokens=2" for i in range(3))]
-    _, _, _, trainer = prepare(RunOptions("relay", overrides), log=lines.append)
+    _, _, _, trainer, _ = prepare(RunOptions("relay", overrides), log=lines.append)
     first, second = trainer.step(), trainer.step()
     assert first["length/prompts_truncated"] == 1.0 == second["length/prompts_truncated"]
     assert first["length/completions_at_limit"] > 0.5
@@ -250,9 +250,9 @@ def _episode(calls: list[str]):
 
 
 def test_a_tool_using_agent_with_no_parsed_call_for_n_steps_warns_once():
-    spec = load_scenario("weather", ["train.tool_silence_steps=3"]).spec
+    spec = load_scenario("weather").spec
     lines = []
-    guards = TurnGuards(spec, log=lines.append)
+    guards = TurnGuards(spec, warn_fraction=0.5, silence_steps=3, log=lines.append)
     [agent] = [a.name for a in spec.agents if a.tools]
     silent, calling = SimpleNamespace(episodes=[_episode([])]), SimpleNamespace(episodes=[_episode([agent] * 2)])
     assert guards.update(1, silent) == {f"tools/{agent}/calls": 0.0}

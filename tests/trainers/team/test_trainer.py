@@ -16,7 +16,8 @@ import torch
 from marl.scenario.load import load_scenario
 from trainers.grpo.config import GRPOConfig
 from trainers.policy.actors import ModelActor
-from trainers.team.trainer import MultiAgentTrainer, StepResult
+from trainers.config import resolve_config
+from trainers.team.trainer import MultiAgentTrainer, StepPlan, StepResult
 from helpers.scenario_files import race_yaml
 
 PROMPTS, G = 2, 2
@@ -41,7 +42,7 @@ def team(micro_policy):
         config = GRPOConfig(steps=4, prompts_per_step=PROMPTS, group_size=G, max_new_tokens=4, lr=1e-3, seed=0,
                             floor_reward=0.0, diversity_penalty=0.0)
         train_tasks, _ = spec.split()
-        return MultiAgentTrainer(spec, actors, seats, train_tasks, config, log=lambda message: None)
+        return MultiAgentTrainer(spec, actors, seats, train_tasks, resolve_config(spec, grpo=config), log=lambda message: None)
 
     return make
 
@@ -92,7 +93,7 @@ def test_a_masked_reward_stays_nan_with_advantage_zero(team):
         marked[:] = marked or [episode]
         return math.nan if episode is marked[0] and agent == "right" else _by_seed(episode, agent, reward)
 
-    trainer.step(reward_transform=mask_one)
+    trainer.step(StepPlan(reward_transform=mask_one))
     result = trainer.last_step
     index = next(i for i, e in enumerate(result.episodes) if e is marked[0])
     assert math.isnan(result.rewards[index]["right"])
@@ -107,7 +108,7 @@ def test_a_shared_model_trains_on_every_agents_samples(team):
     assert set(trainer.learners) == {"shared"}  # three agents, one model, one learner
     updates = _spy_updates(trainer)
     before = {name: p.detach().clone() for name, p in trainer.actors["shared"].model.named_parameters()}
-    metrics = trainer.step(reward_transform=_by_seed)
+    metrics = trainer.step(StepPlan(reward_transform=_by_seed))
     result = trainer.last_step
     (completions, advantages), = updates  # one update per step for the one trainable policy
     turns = [(e, turn) for e, episode in enumerate(result.episodes) for turn in episode.turns]
@@ -150,21 +151,21 @@ def _comparable(metrics: dict) -> dict:
 
 def test_a_restored_state_continues_exactly_like_the_trainer_it_came_from(team):
     straight = team()
-    history = [_comparable(straight.step(reward_transform=_by_seed)) for _ in range(2)]
+    history = [_comparable(straight.step(StepPlan(reward_transform=_by_seed))) for _ in range(2)]
     first = team()
-    first.step(reward_transform=_by_seed)
+    first.step(StepPlan(reward_transform=_by_seed))
     state = first.state_dict()
     resumed = team()
     resumed.load_state_dict(state)
     assert resumed.step_count == 1
-    assert _comparable(resumed.step(reward_transform=_by_seed)) == history[1]
+    assert _comparable(resumed.step(StepPlan(reward_transform=_by_seed))) == history[1]
     for (name, a), (_, b) in zip(straight.actors["shared"].model.named_parameters(),
                                  resumed.actors["shared"].model.named_parameters()):
         assert torch.equal(a, b), f"{name} differs after the restore"
 
 
 def test_a_setting_added_since_a_checkpoint_is_not_a_change_but_a_changed_one_is():
-    from trainers.team.trainer import _differences
+    from trainers.runs.fingerprint import _differences
 
     saved = {"train": {"lr": 5e-5, "group_size": 8}, "name": "relay"}
     now = {"train": {"lr": 5e-5, "group_size": 8, "packing": "auto"}, "name": "relay"}  # packing: newer marl
@@ -177,7 +178,7 @@ def test_a_moved_base_model_is_the_same_scenario_for_a_resume_and_another_model_
     import shutil
 
     from marl.scenario.load import load_scenario
-    from trainers.team.trainer import _differences, _identified, resume_fingerprint
+    from trainers.runs.fingerprint import _differences, _identified, resume_fingerprint
 
     moved = shutil.copytree(real_model_dirs["qwen2"], tmp_path / "elsewhere" / "qwen2")
     before = resume_fingerprint(load_scenario("relay", [f"train.model={real_model_dirs['qwen2']}"]).spec)

@@ -10,7 +10,8 @@
 `marl serve` and the local judge backend (judges/model/local_backend.py) render client messages with
 `render_chat`; the trainers render an agent's turn (role = system, observation = user) with it too
 (trainers/policy/prompts.py), so a model is trained, evaluated and served with the same prompts.
-Nothing here imports torch; transformers only inside `check_model_dir`.
+Nothing here imports torch; transformers only inside `check_model_dir`, so that importing this module
+(as judges, marl serve and the torch-free trainer modules do) loads no heavy library.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-CHAT_MODES = ("auto", "none")  # marl.options.CHAT_TEMPLATE_MODES; judges may not import marl
+CHAT_MODES = ("auto", "none")  # marl.options.CHAT_TEMPLATE_MODES; common may not import marl
 _MARK = "\u2063marl-end-of-turn\u2063"  # an assistant message no template rewrites, to find what follows it
 
 
@@ -107,7 +108,7 @@ def check_model_dir(path: str | Path) -> str | None:
     Reads only config.json and the tokenizer (quick), so a bad directory is refused before any
     weights are loaded or anything trains.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # lazy: importing common.chat loads no heavy library
 
     path, fix = Path(path), "pass a directory written by save_pretrained (config.json, weights, tokenizer)"
     if not path.is_dir():
