@@ -64,7 +64,7 @@ def held_out(scenario_name: str, settings: list[str], checkpoint: Path, eval_tas
     """Greedy team success of a checkpoint's team on a scenario's held-out set (as `marl run` measures it)."""
     from marl.rollout import EpisodePlayer
     from marl.scenario.load import load_scenario
-    from trainers.evaluate import load_actors
+    from trainers.checkpoint_eval import load_actors
     from trainers.team.evaluation import evaluate_team
 
     scenario = load_scenario(scenario_name, settings)
@@ -78,7 +78,7 @@ def _cost(summary: dict) -> dict:
 
 def one_seed(seed: int, args, root: Path) -> dict:
     """Every condition on one seed: {condition: {old, new, seconds, episodes, steps}}."""
-    from trainers.runs.checkpoint import latest_checkpoint
+    from trainers.records.checkpoint import latest_checkpoint
 
     base = common(seed, args)
     first = run(OLD, base + [f"train.steps={args.steps_old}"], root / "first")

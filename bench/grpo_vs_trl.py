@@ -5,7 +5,7 @@ model is cached), or `--quick` (seconds, for tests/integration/test_benchmarks.p
 accuracy on the first 64 evaluation prompts with 4 samples each). `--json PATH` also writes every
 number as JSON. The last line, `ratio: ...`, is the speed-up over TRL (the anchor) measured in this run.
 
-Both trainers start each run from a fresh copy of the same warmed-up tiny model (trainers.demo) and
+Both trainers start each run from a fresh copy of the same warmed-up tiny model (trainers.policy.addition_model) and
 train on the same 744 prompts with the same settings: G = 8 completions for each of 8 prompts per
 step, max 8 new tokens, temperature 1, lr 5e-5 constant, AdamW, grad clip 1.0, beta 0, DAPO loss,
 group-scaled advantages, one torch thread. Ours samples prompts uniformly (buckets=1) and gives no
@@ -16,7 +16,7 @@ Measured per run:
   around `trainer.step()`; TRL's is the wall time from `on_step_begin` to `on_step_end` (generation,
   loss, backward, optimizer; its logging after `on_step_end` is left out, which favours TRL);
 - held-out accuracy on the 256 evaluation prompts, greedy and sampled (8 samples, temperature 1,
-  fixed seed), before and after, with the project's own `trainers.demo.held_out_accuracy` for both.
+  fixed seed), before and after, with the project's own `trainers.policy.addition_model.held_out_accuracy` for both.
 
 Both run in this one process: the imports are paid once, the accelerator state TRL creates is the
 same for every run, and each run builds its own model, optimizer and trainer. TRL reseeds the global
@@ -67,7 +67,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marl.addition import addition_reward, addition_splits  # noqa: E402
-from trainers.demo import chat_splits, demo_policy, held_out_accuracy  # noqa: E402
+from trainers.policy.addition_model import chat_splits, demo_policy, held_out_accuracy  # noqa: E402
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.trainer import GRPOTrainer  # noqa: E402
 from trainers.policy.tinylm import load_policy  # noqa: E402

@@ -220,7 +220,7 @@ class CalibratedPairwise:
     async def compare(self, item, a, b):
         import numpy as np
 
-        from judges.model.judges import PairJudgment
+        from judges.model.prompted import PairJudgment
         from judges.stats.inference import logit, sigmoid
 
         scored = await self.judge.ascore(item, [a, b])

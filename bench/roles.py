@@ -18,7 +18,7 @@ prompts x 8 candidates per step, lr 5e-5, Shapley credit against the expert):
 Relay's roles differ in what they add: `left` and `right` add two numbers in [10, 49] (sums up to
 98), `final` adds two of those sums (up to 196, a carry into the hundreds). Each condition is
 evaluated greedy on the held-out tasks (`trainers.team.evaluation.evaluate_team`) as trained, and,
-for the per-role conditions, with two roles' policies swapped (`trainers.evaluate.reseat`, what
+for the per-role conditions, with two roles' policies swapped (`trainers.checkpoint_eval.reseat`, what
 `marl eval --seat left=final --seat final=left` does): each seat keeps its own observation but is
 played by the other role's policy. If the policies specialised, a swap costs team success; under
 the shared policy a swap changes nothing by construction (the same model plays every seat), so the
@@ -67,7 +67,7 @@ def condition_settings(condition: str, seed: int, args) -> list[str]:
 def train_condition(condition: str, seed: int, args) -> dict:
     """Train one condition; its held-out success at the start, at the end, and at the end under each swap."""
     from marl.rollout import EpisodePlayer
-    from trainers.evaluate import reseat
+    from trainers.checkpoint_eval import reseat
     from trainers.run import RunOptions, prepare
     from trainers.team.evaluation import evaluate_team
 

@@ -71,7 +71,7 @@ def marl_sample(model, tokenizer, ids, mask, group: int, new_tokens: int, greedy
     import torch
 
     from common.chat import stop_token_ids
-    from trainers.policy.sampling import sample_completions
+    from trainers.policy.generation import sample_completions
 
     out = sample_completions(model, ids, mask, group_size=group, max_new_tokens=new_tokens, greedy=greedy,
                              eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -103,7 +103,7 @@ def hf_generate(model, tokenizer, ids, mask, group: int, new_tokens: int, greedy
 def compare(model, tokenizer, prompts: int, group: int, new_tokens: int, repeats: int, greedy: bool,
             bandwidth: float) -> dict:
     """marl and HF, interleaved `repeats` times: median tokens/s (wall, CPU), the ratio, the floor fraction."""
-    from trainers.policy.sampling import encode_prompts
+    from trainers.policy.generation import encode_prompts
 
     count = prompts * group if greedy else prompts  # greedy: P x G distinct prompts, one row each
     ids, mask = encode_prompts(tokenizer, chat_prompts(tokenizer, count=count, tokens=100))
@@ -141,7 +141,7 @@ def http_overhead(model_dir: Path, prompts: int, group: int, new_tokens: int, re
     from trainers.engine.inprocess import InProcessEngine
     from trainers.engine.server import make_http_server
     from trainers.policy.adapters import AdapterBase
-    from trainers.policy.sampling import encode_prompts
+    from trainers.policy.generation import encode_prompts
     from trainers.policy.tinylm import load_policy
 
     model, tokenizer = load_policy(model_dir)

@@ -10,7 +10,7 @@ and no temporary file behind.
     write_bytes_atomically(path, data)                a binary file
     write_directory_atomically(target, write, ...)    a whole directory, filled by `write(tmp)`
 
-Used by checkpoints (`trainers/runs/checkpoint.py`), the tiny-model cache (`trainers/policy/tinylm.py`),
+Used by checkpoints (`trainers/records/checkpoint.py`), the tiny-model cache (`trainers/policy/tinylm.py`),
 saved calibrators, the metrics and table rewrites of a resume and every report file. Standard library only.
 """
 

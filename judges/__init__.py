@@ -27,7 +27,7 @@ _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562
     "WorkflowError": "judges.workflows:WorkflowError",
     "ReportItem": "judges.stats.bias_report:ReportItem",
     "build_judge": "judges.model.factory:build_judge",
-    "PairwiseJudge": "judges.model.judges:PairwiseJudge",
+    "PairwiseJudge": "judges.model.prompted:PairwiseJudge",
     "Item": "judges.types:Item",
     "Candidate": "judges.types:Candidate",
     "Judgment": "judges.types:Judgment",

@@ -132,7 +132,7 @@ def simulated_client(items: Sequence[ReportItem], **biases: float):
 def simulated_judge(items: Sequence[ReportItem], *, cache=None, verdict: str = "text", **biases: float):
     """A both-orders PairwiseJudge over the simulated endpoint of `simulated_client(items, **biases)` (the judge
     `marl judges ... --simulated` uses); `cache` an optional judges.model.cache.JudgeCache."""
-    from judges.model.judges import PairwiseJudge
+    from judges.model.prompted import PairwiseJudge
     from judges.model.openai_backend import OpenAIBackend
 
     return PairwiseJudge(OpenAIBackend(simulated_client(items, **biases), model="sim", cache=cache), verdict=verdict)

@@ -136,7 +136,7 @@ class Generation:
     """What an actor said for a batch: texts, and the sampled tokens when a model produced them."""
 
     texts: list
-    completions: object | None = None  # trainers.policy.sampling.Completions of a model actor, row i = texts[i]
+    completions: object | None = None  # trainers.policy.generation.Completions of a model actor, row i = texts[i]
 
 
 class PolicyActor:

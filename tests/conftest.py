@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # The demo model most tests share: built once per machine and cached (trainers/policy/tinylm.py holds a
 # file lock while it builds, so every process that asks meanwhile waits for that one build).
-_BUILD_DEMO_MODEL = ("from marl.addition import addition_splits; from trainers.demo import demo_policy; "
+_BUILD_DEMO_MODEL = ("from marl.addition import addition_splits; from trainers.policy.addition_model import demo_policy; "
                      "demo_policy(addition_splits(seed=0), log=lambda message: None)")
 
 
@@ -102,7 +102,7 @@ def addition():
 @pytest.fixture(scope="session")
 def demo_model_dir(addition):
     """The default tiny model, SFT-warmed (built on first use, ~1 min, then cached on disk)."""
-    from trainers.demo import demo_policy
+    from trainers.policy.addition_model import demo_policy
 
     return demo_policy(addition, log=lambda message: None)
 

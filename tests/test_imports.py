@@ -51,4 +51,4 @@ def test_only_the_judge_backend_imports_openai():
 
 
 def test_only_the_tracker_imports_wandb():
-    assert _importers("wandb") == ["trainers/runs/tracking.py"]
+    assert _importers("wandb") == ["trainers/records/tracking.py"]

@@ -15,7 +15,8 @@ PROMISED = {
     "marl.credit": {"shapley", "banzhaf", "owen", "myerson", "difference_rewards", "least_core", "CreditEstimate"},
     "judges": {"report", "calibrate", "read_items", "write_report", "simulated_judge", "CalibrationResult",
                "WorkflowError", "ReportItem", "build_judge", "PairwiseJudge", "Item", "Candidate", "Judgment"},
-    "trainers": {"GRPOConfig", "GRPOTrainer", "group_advantages", "demo_config", "run_demo"},
+    "trainers": {"GRPOConfig", "group_advantages", "demo_options", "run_demo", "run_scenario", "RunOptions",
+                 "resolve_config", "TrainConfig", "MultiAgentTrainer", "StepPlan"},
     "trainers.grpo": {"GRPOConfig", "GRPOTrainer", "group_advantages", "policy_loss", "zero_std_group_fraction"},
 }
 PACKAGES = sorted(PROMISED)

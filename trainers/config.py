@@ -30,8 +30,8 @@ from marl.scenario.sections import (ContinualSpec, EngineSpec, LoraSpec, RaySpec
 from marl.scenario.spec import TrainSpec
 from trainers.grpo.config import DERIVED_KNOBS, GRPOConfig
 
-__all__ = ["BackendConfig", "LoopConfig", "StageConfig", "TrainConfig", "grpo_config", "resolve_config",
-           "settings_help", "stage_at", "stage_plan"]
+__all__ = ["BackendConfig", "ContinualError", "LoopConfig", "StageConfig", "TrainConfig", "grpo_config", "resolve_config",
+           "continual_beta", "settings_help", "stage_at", "stage_plan"]
 
 STAGE_NAMES = ("warmup", "main", "reflection", "safety")  # train/stage logs a stage's index here
 
@@ -129,15 +129,13 @@ def resolve_config(scenario, *, grpo: GRPOConfig | None = None, continual: bool 
 
     `grpo` replaces the knobs the scenario gives (a test's or a bench's own); `continual` says the run
     starts from an earlier one (--init-from): its `train.continual` applies, the warm-up stage is left
-    out, and the GRPO beta is the KL to the earlier policy (trainers.continual.continual_beta: a
+    out, and the GRPO beta is the KL to the earlier policy (`continual_beta`: a
     ContinualError, one line, when the KL settings conflict).
     """
     train, spec = scenario.spec.train, scenario.spec
     selfplay = train.selfplay.enabled if train.selfplay.enabled is not None else spec.mode != "cooperative"
     plan = stage_plan(train)
     if continual:  # the policy starts trained, and a warm-up would move the KL reference off the earlier policy
-        from trainers.continual import continual_beta
-
         plan = tuple((stage, steps) for stage, steps in plan if stage != "warmup")
         grpo = grpo if grpo is not None else grpo_config(scenario, plan).with_knobs(beta=continual_beta(train))
     return TrainConfig(
@@ -148,6 +146,25 @@ def resolve_config(scenario, *, grpo: GRPOConfig | None = None, continual: bool 
         loop=LoopConfig(train.checkpoint_every, train.eval_every, train.eval_tasks, tuple(train.budget_curve),
                         train.max_masked_fraction, train.truncation_warn_fraction, train.tool_silence_steps),
         continual=train.continual if continual else None)
+
+
+class ContinualError(ValueError):
+    """`--init-from` cannot be used as asked (the message names the problem and the directory); raised here
+    for settings that conflict with it, and by trainers.continual for the earlier run."""
+
+
+def continual_beta(train) -> float:
+    """The run's GRPO beta with --init-from, from a scenario's `train` section: train.continual.kl, else
+    train.beta (both are a KL to the one reference, the earlier policy); ContinualError when both are set
+    to different values, or when the reference would move."""
+    kl = train.continual.kl
+    if kl and train.beta and kl != train.beta:
+        raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
+                             "policy (with --init-from it is the one reference); set only train.continual.kl")
+    if train.ref_update_every:
+        raise ContinualError(f"train.ref_update_every={train.ref_update_every} would move the KL reference away "
+                             "from the earlier policy, which --init-from keeps it on; set ref_update_every: 0")
+    return kl or train.beta
 
 
 def settings_help(model=None, prefix: str = "train.") -> list[tuple[str, str]]:

@@ -31,12 +31,10 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainers.config import ContinualError, continual_beta, resolve_config  # noqa: F401 - re-exported
+
 SCENARIO_FILE = "scenario.json"
 CONTINUAL_FILE = "continual.json"
-
-
-class ContinualError(ValueError):
-    """`--init-from` cannot be used as asked (the message names the problem and the directory)."""
 
 
 def record_scenario(out: Path, source: str, overrides: list[str], name: str, config) -> None:
@@ -44,7 +42,7 @@ def record_scenario(out: Path, source: str, overrides: list[str], name: str, con
     (`config`: the run's TrainConfig)."""
     from marl.scenario.load import find_scenario
     from common.files import write_text_atomically
-    from trainers.runs.fingerprint import model_identity
+    from trainers.records.fingerprint import model_identity
 
     path = find_scenario(source).resolve()
     record = {"source": str(path), "source_sha256": _file_sha256(path), "overrides": list(overrides), "name": name,
@@ -82,8 +80,8 @@ def open_earlier_run(path: str, scenario, config) -> EarlierRun:
     """The finished run in `path`, checked against this run's `scenario` and TrainConfig (resolved with
     continual=True: its KL settings are checked there) (module docstring); ContinualError (one line)
     otherwise. Reads files only: no model is built, nothing is written."""
-    from trainers.runs.checkpoint import latest_checkpoint
-    from trainers.runs.layout import checkpoint_models
+    from trainers.records.checkpoint import latest_checkpoint
+    from trainers.records.layout import checkpoint_models
 
     run = Path(path)
     if not run.is_dir():
@@ -140,7 +138,7 @@ def _earlier_scenario(run: Path, record: dict):
 def _check_model(earlier: EarlierRun, config) -> None:
     """The earlier policies fit this run: the same train.model (by content), adapters exactly when this run
     trains adapters."""
-    from trainers.runs.fingerprint import model_identity
+    from trainers.records.fingerprint import model_identity
 
     train, record = config, earlier.record
     model = model_identity(train.model)
@@ -198,20 +196,6 @@ def trainable_actor_keys(scenario) -> list[str]:
     return keys
 
 
-def continual_beta(train) -> float:
-    """The run's GRPO beta with --init-from, from a scenario's `train` section: train.continual.kl, else
-    train.beta (both are a KL to the one reference, the earlier policy); ContinualError when both are set
-    to different values, or when the reference would move."""
-    kl = train.continual.kl
-    if kl and train.beta and kl != train.beta:
-        raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
-                             "policy (with --init-from it is the one reference); set only train.continual.kl")
-    if train.ref_update_every:
-        raise ContinualError(f"train.ref_update_every={train.ref_update_every} would move the KL reference away "
-                             "from the earlier policy, which --init-from keeps it on; set ref_update_every: 0")
-    return kl or train.beta
-
-
 def earlier_actors(earlier: EarlierRun, scenario, base_model, grpo, lora, *, device, dtype):
     """(actors, seats) of `scenario` playing the earlier run's policies. Adapters go on the earlier run's base
     model (`base_model()`, the same train.model; checked by fingerprint), and so do frozen model agents,
@@ -237,8 +221,9 @@ def earlier_actors(earlier: EarlierRun, scenario, base_model, grpo, lora, *, dev
 
 
 def _eval_tasks(scenario) -> list:
+    """The held-out tasks the earlier run evaluated (its own train.eval_tasks caps them)."""
     _, held_out = scenario.split()
-    limit = scenario.spec.train.eval_tasks
+    limit = resolve_config(scenario).loop.eval_tasks
     return held_out[:limit] if limit else held_out
 
 

@@ -210,7 +210,7 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
         demonstrations = [(task.prompt, task.answer or "", DEFAULT_STYLE) for task in train_tasks]
     texts = {ch for observation, message, _ in demonstrations for ch in observation + message}
     if texts <= set(ALPHABET) and all(style == DEFAULT_STYLE for style in styles.values()):
-        from trainers.demo import demo_policy
+        from trainers.policy.addition_model import demo_policy
 
         return demo_policy(addition_splits(seed=0), cache_dir, log)
     if spec.expert is None:
@@ -229,7 +229,7 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    from trainers.runs.rundir import ensure_writable, failed_writes_stop_the_run
+    from trainers.records.rundir import ensure_writable, failed_writes_stop_the_run
 
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
@@ -280,9 +280,9 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
     from common.files import write_text_atomically
     from trainers.continual import record_scenario
     from trainers.judging import all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache
-    from trainers.runs.checkpoint import final_checkpoint, load_checkpoint
-    from trainers.runs.report import truncate_metrics, truncate_tables
-    from trainers.runs.rundir import open_run_directory
+    from trainers.records.checkpoint import final_checkpoint, load_checkpoint
+    from trainers.records.report import truncate_metrics, truncate_tables
+    from trainers.records.rundir import open_run_directory
     from trainers.stages.loop import evaluate_held_out, run_steps
     from trainers.stages.warmup import sft_warmup_stage
     from trainers.team.budgets import log_budget_curve
@@ -357,7 +357,7 @@ def _formed(figures: dict) -> str:
 
 def _tracker(options: RunOptions, scenario, tracking, out: Path, step: int):
     """The run's tracker (--tracker, else train.tracking); a resume continues the same W&B run."""
-    from trainers.runs.tracking import run_tracker
+    from trainers.records.tracking import run_tracker
 
     return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
@@ -378,7 +378,7 @@ def _summary(trainer, before, after, seconds: float, plan) -> dict:
 
 
 def _write_report(out: Path, spec, before, after, trainer, budget_section: str = "") -> Path:
-    from trainers.runs.report import write_report
+    from trainers.records.report import write_report
 
     per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
     figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731

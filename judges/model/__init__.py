@@ -1,6 +1,6 @@
 """Model judges: an LLM (or a simulation of one) says how good an answer is.
 
-    judges.py          pointwise, pairwise (both orders), listwise and panels
+    prompted.py        judges that prompt an LLM for a verdict: pointwise, pairwise (both orders), listwise, panels
     prompts.py         MT-Bench style prompts and strict verdict parsers
     verdict.py         the verdict modes: text (MT-Bench) or logprobs (labels read from one token's probabilities)
     backend.py         the contract between judges and whatever answers their prompts

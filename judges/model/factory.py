@@ -11,7 +11,7 @@ model's tokenizer must spell each label as one token (LabelError, a ValueError, 
 
 Backend `reward_model` is a trained reward model (`marl rm train`): `model` is its directory, and
 there is no prompt, rubric or scale (judges.model.reward_model). In a reward layer a judge scores one candidate at a time, so scenarios use `pointwise` judges;
-pairwise and listwise judges compare candidates and are used from Python (`judges.model.judges`).
+pairwise and listwise judges compare candidates and are used from Python (`judges.model.prompted`).
 A calibration file must have been fitted for this very judge (same model, endpoint, prompt and
 settings): otherwise building fails, rather than silently applying someone else's correction.
 """
@@ -79,7 +79,7 @@ def build_backend(config: dict[str, Any], base_dir: str | Path | None = None, cl
 
 def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, client=None):
     """A pointwise model judge from a config dict (see the module docstring), calibrated if asked."""
-    from judges.model.judges import PointwiseJudge
+    from judges.model.prompted import PointwiseJudge
     from judges.model.prompts import DEFAULT_RUBRIC
 
     if config.get("mode", "pointwise") != "pointwise":

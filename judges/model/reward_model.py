@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from judges.model.judges import PairJudgment
+from judges.model.prompted import PairJudgment
 from judges.types import Candidate, Item, Judgment, failed
 
 METADATA_FILE = "marl_reward_model.json"

@@ -1,4 +1,4 @@
-"""Verdict modes: how a model judge's answer becomes a verdict (a plug-in of the judges in judges.py).
+"""Verdict modes: how a model judge's answer becomes a verdict (a plug-in of the judges in prompted.py).
 
     text      the default: MT-Bench prompts, an explanation, then `[[A]]` or `Rating: [[N]]`
               (judges.model.prompts). For strong judges, whose reasoning helps them decide.

@@ -2,7 +2,7 @@
 
     estimators.py  Shapley, Myerson, Banzhaf, Owen, difference rewards: the public estimators
     exact.py       coalition values and exact credit from one table of all coalitions
-    sampling.py    sampled estimators over one evaluation cache, and the `auto` choice
+    montecarlo.py  sampled (Monte Carlo) estimators over one evaluation cache, and the `auto` choice
     coalitions.py  coalition values of a scenario: what the team earns when only some agents play
     replay.py      per-episode credit from counterfactual replays of a played batch
 

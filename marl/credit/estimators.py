@@ -36,7 +36,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from marl.credit import sampling
+from marl.credit import montecarlo
 from marl.credit.exact import (MAX_LEAST_CORE_PLAYERS, MAX_MYERSON_CONNECTED, BatchValue, CachedValue,
                                CoalitionError, CoalitionTable, CreditEstimate, NonFiniteValue, as_cached_value,
                                banzhaf_weights, connected_coalitions, exact_table, least_core_exact,
@@ -111,7 +111,7 @@ def shapley(v, players: Sequence[Hashable], method: str = "auto", budget: int | 
         return _with_details(estimate, {"requested": method}) if method == "auto" else estimate
     budget = DEFAULT_BUDGET if budget is None else budget
     _check_budget("shapley", "permutation" if method == "auto" else method, n, budget)
-    game = sampling.Game(cache, players, budget)
+    game = montecarlo.Game(cache, players, budget)
     chosen, sampled = _sample(game, method, _rng(seed), tolerance, SHAPLEY_METHODS)
     details = {"requested": method, "budget": budget, **sampled.details}
     values = sampled.values
@@ -127,48 +127,48 @@ def _with_details(estimate: CreditEstimate, extra: dict) -> CreditEstimate:
                           {**estimate.details, **extra})
 
 
-def _sample(game: sampling.Game, method: str, rng: np.random.Generator, tolerance: float,
-            allowed: tuple[str, ...]) -> tuple[str, sampling.Sampled]:
+def _sample(game: montecarlo.Game, method: str, rng: np.random.Generator, tolerance: float,
+            allowed: tuple[str, ...]) -> tuple[str, montecarlo.Sampled]:
     """Run one sampled Shapley estimator (or the auto policy) on a game: (estimator used, result)."""
     if method == "auto":
         return _auto(game, rng, tolerance, allowed)
     if method == "stratified":
-        return method, sampling.stratified(game, rng, game.budget)
+        return method, montecarlo.stratified(game, rng, game.budget)
     if method == "kernel":
-        return method, sampling.kernel_shap(game, rng, game.budget)
+        return method, montecarlo.kernel_shap(game, rng, game.budget)
     return method, _from_rows(_rows(game, method, rng, tolerance))
 
 
-def _rows(game: sampling.Game, method: str, rng: np.random.Generator, tolerance: float) -> np.ndarray:
+def _rows(game: montecarlo.Game, method: str, rng: np.random.Generator, tolerance: float) -> np.ndarray:
     if method == "antithetic":
-        return sampling.antithetic_rows(game, rng, game.budget)
-    return sampling.permutation_rows(game, rng, game.budget, tolerance if method == "tmc" else None)
+        return montecarlo.antithetic_rows(game, rng, game.budget)
+    return montecarlo.permutation_rows(game, rng, game.budget, tolerance if method == "tmc" else None)
 
 
-def _from_rows(rows: np.ndarray, details: dict | None = None) -> sampling.Sampled:
-    values, stderr = sampling.mean_and_stderr(rows)
-    return sampling.Sampled(values, stderr, {"samples": len(rows), **(details or {})})
+def _from_rows(rows: np.ndarray, details: dict | None = None) -> montecarlo.Sampled:
+    values, stderr = montecarlo.mean_and_stderr(rows)
+    return montecarlo.Sampled(values, stderr, {"samples": len(rows), **(details or {})})
 
 
-def _auto(game: sampling.Game, rng: np.random.Generator, tolerance: float,
-          allowed: tuple[str, ...]) -> tuple[str, sampling.Sampled]:
+def _auto(game: montecarlo.Game, rng: np.random.Generator, tolerance: float,
+          allowed: tuple[str, ...]) -> tuple[str, montecarlo.Sampled]:
     """The sampled part of the auto policy (see the module docstring)."""
     n = game.n
     if "kernel" in allowed and n <= AUTO_KERNEL_MAX_PLAYERS:
-        result = sampling.kernel_shap(game, rng, game.budget)
-        return "kernel", sampling.Sampled(result.values, result.stderr,
+        result = montecarlo.kernel_shap(game, rng, game.budget)
+        return "kernel", montecarlo.Sampled(result.values, result.stderr,
                                           {**result.details, "auto": f"n <= {AUTO_KERNEL_MAX_PLAYERS}"})
-    pilot_evals = max(int(sampling.PILOT_FRACTION * game.budget), 2 * minimum_budget("antithetic", n))
-    if pilot_evals > sampling.PILOT_MAX_FRACTION * game.budget:
+    pilot_evals = max(int(montecarlo.PILOT_FRACTION * game.budget), 2 * minimum_budget("antithetic", n))
+    if pilot_evals > montecarlo.PILOT_MAX_FRACTION * game.budget:
         rows = _rows(game, "permutation", rng, tolerance)
         return "permutation", _from_rows(rows, {"auto": "budget too small for a pilot"})
-    pilot = sampling.run_pilot(game, rng, pilot_evals)
-    chosen, stats = sampling.choose(game, pilot, allowed, minimum_budget("stratified", n), tolerance)
+    pilot = montecarlo.run_pilot(game, rng, pilot_evals)
+    chosen, stats = montecarlo.choose(game, pilot, allowed, minimum_budget("stratified", n), tolerance)
     if chosen in _ROW_METHODS:
-        rows = np.vstack([sampling.pilot_rows(pilot, chosen), _rows(game, chosen, rng, tolerance)])
+        rows = np.vstack([montecarlo.pilot_rows(pilot, chosen), _rows(game, chosen, rng, tolerance)])
         return chosen, _from_rows(rows, stats)
-    result = sampling.stratified(game, rng, game.budget)
-    return chosen, sampling.Sampled(result.values, result.stderr, {**result.details, **stats})
+    result = montecarlo.stratified(game, rng, game.budget)
+    return chosen, montecarlo.Sampled(result.values, result.stderr, {**result.details, **stats})
 
 
 def banzhaf(v, players: Sequence[Hashable], method: str = "exact", budget: int | None = None,
@@ -183,8 +183,8 @@ def banzhaf(v, players: Sequence[Hashable], method: str = "exact", budget: int |
         return _exact_semivalue("banzhaf", cache, players, budget, banzhaf_weights(n))
     budget = DEFAULT_BUDGET if budget is None else budget
     _check_budget("banzhaf", "msr", n, budget)
-    game = sampling.Game(cache, players, budget)
-    result = sampling.msr_banzhaf(game, _rng(seed), budget)
+    game = montecarlo.Game(cache, players, budget)
+    result = montecarlo.msr_banzhaf(game, _rng(seed), budget)
     return _result(players, result.values, result.stderr, game.n_evals, "banzhaf/msr",
                    {"requested": method, "budget": budget, **result.details})
 
@@ -219,8 +219,8 @@ def owen(v, players: Sequence[Hashable], unions: Sequence[Sequence[Hashable]], m
         return _result(players, values, np.zeros(n), 1 << n, "owen/exact")
     budget = DEFAULT_BUDGET if budget is None else budget
     _check_budget("owen", "permutation", n, budget)
-    game, rng = sampling.Game(cache, players, budget), _rng(seed)
-    rows = sampling.permutation_rows(game, rng, budget, order=lambda: sampling.owen_order(rng, groups))
+    game, rng = montecarlo.Game(cache, players, budget), _rng(seed)
+    rows = montecarlo.permutation_rows(game, rng, budget, order=lambda: montecarlo.owen_order(rng, groups))
     result = _from_rows(rows, {"requested": method, "budget": budget})
     return _result(players, result.values, result.stderr, game.n_evals, "owen/permutation", result.details)
 
@@ -254,7 +254,7 @@ def myerson(v, graph, method: str = "exact", budget: int | None = None, seed=0, 
         return _myerson_exact(cache, players, connected, method)
     budget = DEFAULT_BUDGET if budget is None else budget
     _check_budget("myerson", "permutation" if method == "auto" else method, n, budget)
-    game = sampling.GraphGame(cache, players, adjacency, budget)
+    game = montecarlo.GraphGame(cache, players, adjacency, budget)
     chosen, result = _sample(game, method, _rng(seed), tolerance, MYERSON_METHODS)
     return _result(players, result.values, result.stderr, game.n_evals, f"myerson/{chosen}",
                    {"requested": method, "budget": budget, **result.details})
@@ -274,7 +274,7 @@ def _exact_myerson_plan(adjacency: list[int], method: str, budget: int | None) -
 
 
 def _myerson_exact(cache: CachedValue, players: tuple, connected: list[int], method: str) -> CreditEstimate:
-    game = sampling.Game(cache, players)
+    game = montecarlo.Game(cache, players)
     empty = game.value(0)
     values = np.array([game.value(mask) - empty for mask in connected])
     phi = myerson_from_dividends(connected, values, len(players))
@@ -286,7 +286,7 @@ def difference_rewards(v, players: Sequence[Hashable]) -> CreditEstimate:
     """Difference rewards (wonderful life utility) D_i = v(N) - v(N minus i): n + 1 evaluations, not efficient."""
     players = validate_players(players)
     cache = as_cached_value(v, players)
-    game = sampling.Game(cache, players)
+    game = montecarlo.Game(cache, players)
     values = [game.value(game.full) - game.value(game.full & ~(1 << k)) for k in range(len(players))]
     return _result(players, values, np.zeros(len(players)), game.n_evals, "difference/exact")
 

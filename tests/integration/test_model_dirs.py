@@ -94,8 +94,8 @@ def test_demo_refuses_a_tokenizer_without_pad_or_eos_and_leaves_no_run_directory
     assert main(["demo", "--model", str(broken), "--steps", "1", "--tracker", "none", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err
-    assert err.endswith(f"--model: {broken}: the tokenizer has neither a pad token nor an eos token; set "
-                        "tokenizer.eos_token (and optionally pad_token) and save the tokenizer again")
+    assert (f"train.model: {broken}: the tokenizer has neither a pad token nor an eos token; set "
+            "tokenizer.eos_token (and optionally pad_token) and save the tokenizer again") in err
     assert not out.exists()  # refused before the run directory was made
 
 

@@ -76,7 +76,7 @@ def _adapter_tensors(out: Path) -> dict:
     """path/name -> the tensor's bytes, over every safetensors file of the run's latest checkpoint."""
     from safetensors.torch import load_file
 
-    from trainers.runs.checkpoint import latest_checkpoint
+    from trainers.records.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(out)
     files = sorted(checkpoint.rglob("*.safetensors"))

@@ -286,7 +286,7 @@ def test_frozen_and_endpoint_agents_play_but_are_never_trained(demo_model_dir, t
 
 FULL_DISK_SCRIPT = r"""
 import resource, signal, sys
-from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.records.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.run import RunOptions, prepare
 
 out = sys.argv[1]

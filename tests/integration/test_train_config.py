@@ -8,11 +8,10 @@ import pytest
 
 from helpers.inprocess import marl_in_process
 from marl.scenario.load import find_scenario, load_scenario
-from marl.scenario.overrides import SettingsError
 from marl.scenario.spec import DERIVED_KNOBS, TrainKnobs
-from trainers.demo import demo_config
+from trainers.config import grpo_config, resolve_config
+from trainers.demo import demo_options
 from trainers.grpo.config import GRPOConfig, KnobError
-from trainers.config import grpo_config
 from trainers.run import RunOptions
 
 # a valid value other than the default for every knob the train section sets: (YAML for --set, expected)
@@ -80,31 +79,26 @@ def test_a_bad_knob_is_one_located_line_and_exit_2(command, setting, message, tm
     assert not (tmp_path / "run").exists()
 
 
-def test_the_demo_sets_every_grpo_knob_by_name_with_its_flags_first():
-    typed = {"adam_betas": "0.8,0.99"}
-    overrides = [f"grpo.{name}={typed.get(name, raw)}" for name, (raw, _) in NOT_DEFAULT.items()]
-    config = demo_config(overrides + ["grpo.max_new_tokens=5", "eval_samples=2"], steps=3, seed=1, out="runs/x")
-    assert {name: getattr(config.grpo, name) for name in NOT_DEFAULT} == {k: v for k, (_, v) in NOT_DEFAULT.items()}
-    assert (config.grpo.steps, config.grpo.max_new_tokens, config.eval_samples, config.out) == (3, 5, 2, "runs/x")
-    assert demo_config(["grpo.seed=9"], seed=1).grpo.seed == 9  # --set comes after the flags
-    assert demo_config().grpo == GRPOConfig(steps=200)  # the demo's defaults are unchanged
+def test_the_demos_flags_are_sets_of_the_addition_scenario_and_an_explicit_set_wins():
+    options = demo_options(["train.seed=9", "train.lr=1e-4"], steps=3, seed=1, out="runs/x")
+    assert (options.scenario, options.out) == ("addition", "runs/x")
+    train = load_scenario(options.scenario, options.overrides).spec.train
+    assert (train.steps, train.seed, train.lr) == (3, 9, 1e-4)  # --set comes after the flags
+    default = resolve_config(load_scenario("addition", demo_options().overrides))
+    assert default.grpo.steps == 200 and default.stages.names == ("main",) and default.selfplay is None
 
 
-@pytest.mark.parametrize("overrides,flags,message", [
-    (["grpo.loss_type=foo"], {}, "--set grpo.loss_type: GRPOConfig: loss_type='foo': Input should be 'dapo', "
-                                 "'grpo', 'dr_grpo' or 'bnpo'"),
-    (["grpo.epsilon_high=-1"], {}, "--set grpo.epsilon_high: GRPOConfig: epsilon_high=-1.0: Input should be "
-                                   "greater than or equal to 0"),
-    (["grpo.lr=fast"], {}, "--set grpo.lr=fast: could not convert string to float: 'fast'"),
-    ([], {"threads": 0}, "--threads: GRPOConfig: threads=0: Input should be greater than or equal to 1"),
-    ([], {"steps": 0}, "--steps 0: expected 1 or more GRPO steps"),
-    (["checkpoint_every=0"], {}, "--set checkpoint_every: checkpoint_every=0: expected 1 or more"),
-    (["tracker=tensorboard"], {}, "--set tracker: tracker='tensorboard': expected wandb, jsonl or none"),
+@pytest.mark.parametrize("args,message", [
+    (["--set", "train.loss_type=foo"], "(--set train.loss_type):0:0: train.loss_type: Input should be 'dapo', "
+                                        "'grpo', 'dr_grpo' or 'bnpo' (got 'foo')"),
+    (["--threads", "0"], "(--set train.threads):0:0: train.threads: Input should be greater than or equal to 1"),
+    (["--steps", "0"], "(--set train.steps):0:0: train.steps: Input should be greater than or equal to 1"),
 ])
-def test_a_bad_demo_setting_is_one_line(overrides, flags, message):
-    with pytest.raises(SettingsError) as caught:
-        demo_config(overrides, **flags)
-    assert str(caught.value) == message
+def test_a_bad_demo_setting_is_one_line_before_anything_is_written(args, message, tmp_path):
+    result = marl_in_process("demo", *args, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith(f"{find_scenario('addition')} {message}")
+    assert not (tmp_path / "run").exists()
 
 
 def test_grpo_config_checks_its_knobs_against_the_one_schema():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import judges
-from judges.model.judges import PairwiseJudge
+from judges.model.prompted import PairwiseJudge
 from judges.model.openai_backend import OpenAIBackend
 from judges.model.simulated import SimulatedClient
 from judges.stats.calibration import Calibrator

@@ -56,8 +56,8 @@ def training_errors() -> tuple[type[BaseException], ...]:
     """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
     from trainers.engine.base import EngineError
     from trainers.run import RunError
-    from trainers.runs.checkpoint import CheckpointError
-    from trainers.runs.rundir import RunDirectoryError
+    from trainers.records.checkpoint import CheckpointError
+    from trainers.records.rundir import RunDirectoryError
 
     return RunError, RunDirectoryError, CheckpointError, EngineError, FileNotFoundError, ValueError
 

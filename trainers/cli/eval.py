@@ -1,4 +1,4 @@
-"""`marl eval SCENARIO --checkpoint DIR`: the held-out set at temperature 0 (work in trainers/evaluate.py).
+"""`marl eval SCENARIO --checkpoint DIR`: the held-out set at temperature 0 (work in trainers/checkpoint_eval.py).
 
     marl eval relay                                  the base model (train.model) on relay's held-out tasks
     marl eval relay --checkpoint runs/relay          the run's newest checkpoint (checkpoints/latest)
@@ -51,9 +51,9 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Validate the scenario, load the checkpoint's models, evaluate, print a table, write the reports."""
     from marl.scenario.load import load_scenario
-    from trainers.evaluate import evaluate_checkpoint
+    from trainers.checkpoint_eval import evaluate_checkpoint
     from trainers.judging import CACHE_FILE
-    from trainers.runs.layout import resolve_checkpoint, run_dir_of
+    from trainers.records.layout import resolve_checkpoint, run_dir_of
 
     from trainers.team.budgets import parse_budgets
 
@@ -98,7 +98,7 @@ def _write_curve(curve: dict, out: Path) -> None:
 
 def parse_seats(values: list[str], agents) -> dict[str, str]:
     """`--seat AGENT=OTHER` values as {agent: other}; UsageError (one line) for a malformed or unknown name."""
-    from trainers.evaluate import reseat
+    from trainers.checkpoint_eval import reseat
 
     played_by = {}
     for value in values:

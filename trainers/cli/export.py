@@ -68,7 +68,7 @@ def run(args) -> int:
 
 def exported_models(path: Path) -> dict[str, Path]:
     """Directory name -> model or adapter directory named by PATH (module docstring)."""
-    from trainers.runs.layout import MODEL_FILES, checkpoint_models, resolve_checkpoint
+    from trainers.records.layout import MODEL_FILES, checkpoint_models, resolve_checkpoint
 
     if any((path / name).is_file() for name in MODEL_FILES):
         return {path.name: path}

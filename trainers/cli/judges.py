@@ -133,7 +133,7 @@ def build_judge(args, items):
 def pairwise_judge(backend, args):
     """The both-orders pairwise judge over `backend` in the --verdict mode; UsageError (one line) when its
     labels cannot be read (a label a local model's tokenizer splits into several tokens)."""
-    from judges.model.judges import PairwiseJudge
+    from judges.model.prompted import PairwiseJudge
 
     verdict = getattr(args, "verdict", "text")
     try:

@@ -8,33 +8,33 @@ from marl.options import TRACKERS
 from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
 
 MODEL_HELP = """\
-the model: train.model is 'tiny' (the embedded default: a ~1.6M-parameter Qwen2 chat model with a
-BPE tokenizer, built for the scenario on first use, one to six minutes, then cached under --cache-dir)
-or a local Hugging Face model directory (--set train.model=DIR); a relative DIR is read from the working directory, not the scenario's
-folder. Each turn is rendered with the model's chat template when it has one (the agent's role as
-the system message, its observation as the user message); chat_template: none (scenario or agent)
-gives the plain observation.
+the model: train.model is 'tiny' (the embedded default, built for the scenario on first use and cached
+under --cache-dir), a local Hugging Face model directory, a .gguf file or 'smollm2-135m-instruct';
+a relative DIR is read from the working directory. Each turn is rendered with the model's chat
+template when it has one; chat_template: none (scenario or agent) gives the plain observation.
 
-hardware and memory (each a --set train.KEY=VALUE):
-  train.device     auto (cuda, else mps, else cpu), cpu, cuda or mps
-  train.dtype      auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16 or float16
-  train.lora.r     LoRA adapters via peft (also train.lora.alpha, .dropout, .target_modules);
-                   absent = full fine-tuning
-  train.gradient_checkpointing, train.max_tokens_per_microbatch   bounded memory, same loss
+settings: every key of a scenario's train section, set with --set train.KEY=VALUE (from the schema,
+marl.scenario.spec.TrainSpec; `marl validate SCENARIO --set ...` checks them without training)"""
 
-beyond one process (--backend ray, or --set train.backend=ray; pip install -e '.[ray]'):
-  train.ray.address          absent: a local cluster; auto or ray://HOST:PORT: an existing one
-  train.ray.rollout_workers  Ray actors playing episodes and replays (default 2), each
-                             train.ray.num_cpus / num_gpus
-  train.ray.max_staleness    0 (default): on-policy, a stale sample is an error; k: weights go out
-                             every k+1 versions and off-policy samples are logged (ray/*)"""
+
+def settings_epilog(width: int = 100) -> str:
+    """MODEL_HELP and one entry per train setting (key, help, default), generated from the schema."""
+    import textwrap
+
+    from trainers.config import settings_help
+
+    lines = [MODEL_HELP, ""]
+    for key, text in settings_help():
+        lines.append(f"  {key}")
+        lines += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def add_parser(commands) -> None:
     """Register `marl run SCENARIO`."""
     run_parser = commands.add_parser(
         "run", help="train a team of agents on a scenario (stages, credit, report)",
-        epilog=MODEL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_arguments(run_parser)
     run_parser.add_argument("--out", help="run directory (default runs/<scenario name>-<date>-<time>)")
     run_parser.add_argument("--resume", action="store_true",

@@ -1,11 +1,11 @@
 """Rollout engines: where a model actor's tokens are generated, behind one interface.
 
     base.py        the interface (`RolloutEngine`), its sampling settings, its errors, adapter names
-    inprocess.py   this process: the KV-cache sampler of trainers/policy/sampling.py on the live weights
+    inprocess.py   this process: the KV-cache sampler of trainers/policy/generation.py on the live weights
     http.py        an OpenAI-compatible generation server (vLLM, or `marl serve --enable-lora`): token-id
                    prompts, logprobs, LoRA adapters published under versioned names, stale answers refused
     serving.py     the server side of that protocol in `marl serve` (/v1/completions, load/unload adapters)
     correction.py  the sampler/trainer mismatch and its truncated importance-sampling weights (train.tis_cap)
 
-May import: marl, judges.model, trainers.policy, trainers.runs.
+May import: marl, judges.model, trainers.policy, trainers.records.
 """

@@ -1,7 +1,7 @@
 """The rollout-engine interface: token ids in; tokens, their logprobs and the policy version out.
 
 An engine answers `generate(actor, policy, prompt_ids, prompt_mask, settings, keys)` with a
-`trainers.policy.sampling.Completions` batch (one row per prompt; row r answers prompt r), whose
+`trainers.policy.generation.Completions` batch (one row per prompt; row r answers prompt r), whose
 `version` says which published weights sampled it. Two back-ends exist:
 
     InProcessEngine   (inprocess.py) samples with the live weights of this process: never off-policy

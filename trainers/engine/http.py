@@ -173,7 +173,7 @@ class HttpEngine:
         """The rows as a Completions batch (right-padded; entropy unknown: NaN)."""
         import torch
 
-        from trainers.policy.sampling import Completions
+        from trainers.policy.generation import Completions
 
         width = max(1, max(len(tokens) for tokens, _, _ in rows))
         n, device = len(rows), prompt_ids.device

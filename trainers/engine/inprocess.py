@@ -1,4 +1,4 @@
-"""The in-process engine: the KV-cache sampler (trainers/policy/sampling.py) on this process's live weights.
+"""The in-process engine: the KV-cache sampler (trainers/policy/generation.py) on this process's live weights.
 
 Its samples come from the weights the learner updates in place, so they are never stale and its
 logprobs are the trainer's own model's (`offpolicy` is False); `version` is left None (live).
@@ -20,7 +20,7 @@ class InProcessEngine:
     def generate(self, actor: str, policy, prompt_ids, prompt_mask, settings: SamplingSettings,
                  keys: Sequence[int] | None = None, generator=None):
         """One completion per prompt from `policy` (a model, or an AdapterPolicy: its adapter alone)."""
-        from trainers.policy.sampling import sample_completions
+        from trainers.policy.generation import sample_completions
 
         return sample_completions(policy, prompt_ids, prompt_mask, group_size=1,
                                   max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,

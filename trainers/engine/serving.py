@@ -214,7 +214,7 @@ class CompletionService:
         import torch
 
         from trainers.policy.loading import model_device
-        from trainers.policy.sampling import encode_ids, sample_completions
+        from trainers.policy.generation import encode_ids, sample_completions
 
         model, n, max_tokens, temperature, top_p, greedy, stops, _ = jobs[0].key
         if model != self.local.name and model not in self.names:  # unloaded while the request waited

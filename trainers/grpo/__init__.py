@@ -6,12 +6,11 @@
     trainer.py     GRPOTrainer.step(): sample -> score -> safeguards -> advantages -> update
     safeguards.py  Self-BLEU, diversity penalty, difficulty buckets, floor reward (no torch)
     shared.py      what both trainers (this one and the team's) share: seeding, buckets, guard tally, state
-    evaluate.py    held-out accuracy of one policy at temperature 0
 
 Public names (imported on first use): `GRPOConfig`, `GRPOTrainer`, `group_advantages`, `policy_loss`,
 `zero_std_group_fraction`.
 
-May import: marl (types), trainers.policy, trainers.runs.
+May import: marl (types), trainers.policy, trainers.records.
 """
 
 _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)

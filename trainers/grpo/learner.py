@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from trainers.policy.adapters import BaseReference, opponent_model, reference_model
-from trainers.policy.sampling import Completions, completion_logprobs, microbatch_rows, select_rows
+from trainers.policy.generation import Completions, completion_logprobs, microbatch_rows, select_rows
 
 
 def lr_lambda(config) -> Callable[[int], float]:

@@ -114,9 +114,10 @@ def core_state(trainer) -> dict:
             "buckets": trainer.buckets.state_dict()}
 
 
-def load_core_state(trainer, state: dict) -> None:
-    """Restore what `core_state` saved (the trainer's own parts are its to restore)."""
-    trainer.step_count, trainer.totals = state["step"], dict(state["totals"])
+def load_core_state(state: dict, buckets: DifficultyBuckets) -> tuple[int, dict]:
+    """Restore what `core_state` saved of the global RNGs and the bucket sampler; (step, totals) for the
+    trainer to take back (the trainer's own fields are its to set)."""
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
-    trainer.buckets.load_state_dict(state["buckets"])
+    buckets.load_state_dict(state["buckets"])
+    return state["step"], dict(state["totals"])

@@ -26,7 +26,7 @@ from trainers.grpo.shared import (GuardTally, bucket_metrics, core_state, diffic
                                   heuristic_difficulty, load_core_state, nanmean, record_pass_rates,
                                   repetition_guards, seed_everything)
 from trainers.policy.loading import model_device
-from trainers.policy.sampling import Completions, decode_completions, encode_prompts, sample_completions
+from trainers.policy.generation import Completions, decode_completions, encode_prompts, sample_completions
 
 __all__ = ["GRPOTrainer", "heuristic_difficulty", "score_completions"]
 
@@ -60,7 +60,7 @@ class GRPOTrainer:
     a batch drawn from one difficulty bucket, score them (failures masked), apply the safeguards
     (floor reward, diversity penalty), compute group advantages and run `mu` clipped-surrogate updates.
     The whole state (model, optimizer, schedule, RNGs, sampler, guards, step) round-trips through
-    `state_dict()` / `load_state_dict()`; see trainers/runs/checkpoint.py for atomic files on disk.
+    `state_dict()` / `load_state_dict()`; see trainers/records/checkpoint.py for atomic files on disk.
     """
 
     def __init__(self, model, tokenizer, tasks: Sequence[Task], reward_fn: RewardFn,
@@ -190,6 +190,6 @@ class GRPOTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()`; the trainer must have been built with the same config and tasks."""
-        load_core_state(self, state)
+        self.step_count, self.totals = load_core_state(state, self.buckets)
         self.learner.load_state_dict(state["learner"])
         self.generator.set_state(state["generator"])

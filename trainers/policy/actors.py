@@ -51,7 +51,7 @@ class ModelActor:
         without, from the actor's seeded generator in call order. The actor's `engine` generates."""
         from trainers.engine.base import SamplingSettings
         from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
-        from trainers.policy.sampling import encode_prompts
+        from trainers.policy.generation import encode_prompts
 
         # each prompt within its agent's token limit (max_prompt_tokens, else the context minus max_tokens)
         prompts, cut = fit_turn_prompts(self.tokenizer, requests, self.styles, model_context(self.model))
@@ -94,7 +94,7 @@ class ModelActor:
         import torch
 
         from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
-        from trainers.policy.sampling import encode_prompts, sample_completions, select_rows
+        from trainers.policy.generation import encode_prompts, sample_completions, select_rows
 
         texts, cuts, names, spans = [], [], [], []
         for actor, requests, _ in calls:
@@ -121,7 +121,7 @@ class ModelActor:
         import torch
 
         from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
-        from trainers.policy.sampling import sampling_probabilities
+        from trainers.policy.generation import sampling_probabilities
 
         prompt = fit_turn_prompts(self.tokenizer, [(agent, observation, task)], self.styles,
                                   model_context(self.model))[0][0]

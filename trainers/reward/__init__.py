@@ -7,6 +7,6 @@ Scoring with a trained reward model is judges.model.reward_model (the `reward_mo
 also owns the rendering both sides share.
 
 May import: common (atomic writes, model-directory checks), judges (the reward-model judge's rendering
-and fingerprints), trainers.runs (tracking). torch and transformers at the top of bradley_terry.py only;
+and fingerprints), trainers.records (tracking). torch and transformers at the top of bradley_terry.py only;
 pairs.py is torch-free.
 """

@@ -273,7 +273,7 @@ def train_reward_model(config: RewardTrainConfig, log=print) -> dict:
 
 def _train_into(tmp: Path, model, tokenizer, train_set, held_out, config: RewardTrainConfig, max_length: int,
                 log) -> dict:
-    from trainers.runs.tracking import make_tracker
+    from trainers.records.tracking import make_tracker
 
     pad_id = tokenizer.pad_token_id
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)

@@ -5,5 +5,5 @@
     safety.py      stage 4: an adversarial set with penalties for fabrication and unsafe tool use
 
 May import: marl, judges.types (what a scorer is given), trainers.team, trainers.grpo, trainers.policy,
-trainers.runs.
+trainers.records.
 """

@@ -30,8 +30,8 @@ def run_steps(trainer, train_tasks, tracker, out: Path, log, eval_tasks=(), feat
     """The step loop across stages (module docstring)."""
     from judges.model.ledger import active
     from trainers.judging import JudgeCounts, drain_judge_lines
-    from trainers.runs.checkpoint import checkpoint_on_interrupt, save_checkpoint
-    from trainers.runs.progress import ProgressPrinter
+    from trainers.records.checkpoint import checkpoint_on_interrupt, save_checkpoint
+    from trainers.records.progress import ProgressPrinter
 
     config = trainer.config
     plan, total = config.stages.plan, config.stages.total_steps
@@ -104,7 +104,7 @@ def _signals_so_far(out: Path, step: int) -> list[float]:
     sees the run's first steps whether or not it was interrupted among them."""
     if step == 0:
         return []
-    from trainers.runs.report import read_metrics
+    from trainers.records.report import read_metrics
 
     rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     return [row.get("train/signal_groups", math.nan) for row in rows if row.get("train/step", 0) <= WEAK_START_STEPS]

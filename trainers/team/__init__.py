@@ -7,5 +7,5 @@
     evaluation.py  the team's held-out set at temperature 0, and its metrics
     budgets.py     the thinking-budget curve: the held-out set at several per-turn token budgets
 
-May import: marl (rollout, credit, scenario), trainers.grpo, trainers.policy, trainers.runs, common (atomic files).
+May import: marl (rollout, credit, scenario), trainers.grpo, trainers.policy, trainers.records, common (atomic files).
 """

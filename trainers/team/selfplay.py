@@ -7,7 +7,7 @@ per task; each episode's result updates the snapshot's rating, and a snapshot jo
 (`fixed_opponents`). The trainer calls, each step:
 
     opponent = selfplay.pick(rng)              None (self-play), a snapshot's pool id, or FIXED + a name
-    seats = selfplay.seats(opponent, agents, k) the opponent's seats in the k-th task of the step
+    seats = SelfPlay.seats(opponent, agents, k) the opponent's seats in the k-th task of a step against one
     selfplay.record(episodes, opponent, step)   ratings, and a snapshot when one is due
     selfplay.metrics(episodes, opponent)        selfplay/* of the step
 
@@ -58,10 +58,8 @@ class SelfPlay:
         return opponent_id
 
     @staticmethod
-    def seats(opponent, agents: list[str], turn: int) -> dict[str, str]:
+    def seats(opponent: str, agents: list[str], turn: int) -> dict[str, str]:
         """Agent -> actor of the opponent's seats in a task: the learner takes seat `turn` mod the seats."""
-        if opponent is None:
-            return {}
         learner_seat = agents[turn % len(agents)]
         return {agent: opponent_actor(opponent) for agent in agents if agent != learner_seat}
 

@@ -44,7 +44,7 @@ from marl.types import Task
 from trainers.grpo.objective import group_advantages, masked_mean
 from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
                                   repetition_guards, seed_everything)
-from trainers.runs.fingerprint import fingerprint_changes, resume_fingerprint
+from trainers.records.fingerprint import fingerprint_changes, resume_fingerprint
 from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
 from trainers.team.selfplay import INITIAL, OPPONENT, SelfPlay  # noqa: F401 - the actor names, re-exported
 
@@ -237,7 +237,7 @@ class MultiAgentTrainer:
         """G jobs per task with distinct seeds; against an opponent the learner's seat alternates per task."""
         g, jobs = self.grpo.group_size, []
         for index, task in enumerate(tasks):
-            seats = SelfPlay.seats(opponent, self.agents, self.step_count + index)
+            seats = {} if opponent is None else SelfPlay.seats(opponent, self.agents, self.step_count + index)
             for member in range(g):
                 seed = self.grpo.seed * 1_000_003 + self.step_count * 10_007 + index * g + member
                 jobs.append(EpisodeJob(task, seed, seats=seats, prefix=prefix.get(task.id, "")))
@@ -339,7 +339,7 @@ class MultiAgentTrainer:
 
     def _samples(self, arena: Arena, batch, actor: str, advantages):
         """The actor's sampled turns as one Completions batch with each turn's advantage."""
-        from trainers.policy.sampling import concat_completions, select_rows
+        from trainers.policy.generation import concat_completions, select_rows
 
         offsets, total = [], 0
         for rows in batch.generations[actor]:
@@ -432,7 +432,7 @@ class MultiAgentTrainer:
             raise ValueError(f"the checkpoint was made with a different scenario ({'; '.join(changed[:5])}); resume "
                              "with the same scenario and --set values (only step counts may change), or start a "
                              "new run directory")
-        load_core_state(self, state)
+        self.step_count, self.totals = load_core_state(state, self.buckets)
         for name, learner in self.learners.items():
             learner.load_state_dict(state["learners"][name])
         for name, generator_state in state["generators"].items():

@@ -17,7 +17,7 @@ import pytest
 from helpers.judge_server import JudgeServer
 from judges.model.backend import ChatRequest, ChatResponse, checked_response
 from judges.model.cache import CacheMiss, JudgeCache
-from judges.model.judges import PairwiseJudge, PointwiseJudge
+from judges.model.prompted import PairwiseJudge, PointwiseJudge
 from judges.model.openai_backend import OpenAIBackend, run_sync
 from judges.types import Candidate, Item
 

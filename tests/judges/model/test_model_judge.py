@@ -6,7 +6,7 @@ import re
 import pytest
 
 from judges.model.backend import ChatResponse
-from judges.model.judges import ListwiseJudge, Panel, PairwiseJudge, PointwiseJudge
+from judges.model.prompted import ListwiseJudge, Panel, PairwiseJudge, PointwiseJudge
 from judges.model.prompts import pairwise_messages, parse_pairwise, parse_ranking, parse_rating
 from judges.types import Candidate, Item
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from judges.model.backend import ChatRequest, ChatResponse
-from judges.model.judges import ListwiseJudge, PairwiseJudge, PointwiseJudge
+from judges.model.prompted import ListwiseJudge, PairwiseJudge, PointwiseJudge
 from judges.model.verdict import NO_LOGPROBS, LogprobVerdict, spellings
 from judges.types import Candidate, Item
 

@@ -4,7 +4,7 @@ pass where a biased one fails (negative control)."""
 
 import pytest
 
-from judges.model.judges import PairwiseJudge
+from judges.model.prompted import PairwiseJudge
 from judges.model.openai_backend import OpenAIBackend
 from judges.stats.bias_report import ReportItem, report_markdown, run_bias_report
 from judges.model.simulated import SimulatedClient

@@ -1,5 +1,5 @@
 """One definition of every GRPO knob: the scenario's `train` section holds each under its own name, and
-`--set` reads KEY=VALUE the same way for scenarios and for typed settings (the demo's)."""
+`--set` reads KEY=VALUE by one grammar."""
 
 import typing
 
@@ -7,7 +7,7 @@ import pytest
 
 from marl import options
 from marl.scenario.load import ScenarioError, load_scenario
-from marl.scenario.overrides import SettingsError, apply_typed_overrides, split_override, typed_value
+from marl.scenario.overrides import split_override
 from marl.scenario.spec import DERIVED_KNOBS, CreditSpec, TrainKnobs, TrainSpec
 from trainers.grpo.config import GRPOConfig, KnobError
 
@@ -71,40 +71,3 @@ def test_split_override_reads_the_one_grammar():
     for bad in ("lr", "a..b=1", "=1"):
         with pytest.raises(ValueError, match="expected KEY=VALUE, e.g. e.g."):
             split_override(bad, "e.g.")
-
-
-SCHEMA = {"out": str, "cache_dir": str | None, "grpo": {"lr": float, "mu": int, "on": bool,
-                                                        "betas": tuple[float, float], "loss_type": str}}
-
-
-def test_typed_overrides_read_each_value_as_its_keys_type():
-    data = {"out": "a", "cache_dir": None, "grpo": {"lr": 1.0, "mu": 1, "on": False, "betas": (0.9, 0.99),
-                                                    "loss_type": "dapo"}}
-    got = apply_typed_overrides(data, SCHEMA, ["grpo.lr=1e-4", "grpo.mu=3", "grpo.on=yes", "grpo.betas=0.5,0.6",
-                                               "cache_dir=/tmp/c", "out=b"])
-    assert got == {"out": "b", "cache_dir": "/tmp/c", "grpo": {"lr": 1e-4, "mu": 3, "on": True, "betas": (0.5, 0.6),
-                                                               "loss_type": "dapo"}}
-    assert data["grpo"]["lr"] == 1.0  # a copy is changed, never the input
-
-
-@pytest.mark.parametrize("setting,message", [
-    ("grpo.nope=1", "--set grpo.nope: unknown key 'nope'; known keys: betas, loss_type, lr, mu, on"),
-    ("nope.x=1", "--set nope.x: unknown section 'nope'"),
-    ("grpo.lr.x=1", "--set grpo.lr.x: grpo.lr is a setting, not a section with keys (set grpo.lr=VALUE instead)"),
-    ("grpo=1", "--set grpo: grpo is a section; set one of its keys (grpo.KEY=VALUE)"),
-    ("grpo.lr=inf", "--set grpo.lr=inf: expected a finite number, got 'inf'"),
-    ("grpo.mu=1.5", "--set grpo.mu=1.5: invalid literal for int() with base 10: '1.5'"),
-    ("grpo.on=maybe", "--set grpo.on=maybe: expected true or false, got 'maybe'"),
-    ("grpo.betas=1", "--set grpo.betas=1: expected 2 comma-separated values, got '1'"),
-    ("lr", "--set 'lr': expected KEY=VALUE, e.g. --set grpo.lr=1e-4"),
-])
-def test_a_bad_typed_override_is_one_line(setting, message):
-    with pytest.raises(SettingsError) as caught:
-        apply_typed_overrides({"out": "", "cache_dir": None, "grpo": {}}, SCHEMA, [setting])
-    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
-
-
-def test_typed_value_sees_through_annotated_bounds():
-    assert typed_value("0.5", typing.Annotated[float, "bounds"]) == 0.5
-    assert typed_value("1,2,3", tuple[int, ...]) == (1, 2, 3)
-    assert typed_value("cosine", typing.Literal["constant", "cosine"]) == "cosine"

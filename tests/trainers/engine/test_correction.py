@@ -18,7 +18,7 @@ from trainers.engine.correction import mismatch_metrics, tis_weights
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.learner import PolicyLearner
 from trainers.grpo.objective import policy_loss
-from trainers.policy.sampling import completion_logprobs, encode_prompts, sample_completions
+from trainers.policy.generation import completion_logprobs, encode_prompts, sample_completions
 
 PROMPTS = ["Task: 12+35=", "You are the solver. 3*4=", "9+1=", "The weather in Paris is"]
 

@@ -21,7 +21,7 @@ from trainers.engine.http import HttpEngine
 from trainers.engine.inprocess import InProcessEngine
 from trainers.policy.actors import ModelActor
 from trainers.policy.adapters import AdapterBase
-from trainers.policy.sampling import encode_prompts, full_sequence_logprobs
+from trainers.policy.generation import encode_prompts, full_sequence_logprobs
 from trainers.policy.tinylm import load_policy
 
 PROMPTS = ["12+35=", "You are the solver. 47+19=", "SELECT name FROM users;", "7*8="]

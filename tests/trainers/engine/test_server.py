@@ -60,7 +60,7 @@ def test_sampling_with_a_seed_is_reproducible(served):
 
 def test_a_local_model_is_a_judge_backend_whose_unparseable_verdicts_are_never_scores(micro_policy, tmp_path):
     from judges.model.local_backend import LocalBackend
-    from judges.model.judges import PointwiseJudge
+    from judges.model.prompted import PointwiseJudge
     from judges.types import Candidate, Item
 
     model, tokenizer = micro_policy(seed=3)

@@ -48,7 +48,7 @@ def _count_forwards(model):
 def test_the_verdict_read_through_marl_serve_equals_the_models_softmax_over_the_label_tokens(server):
     import torch
 
-    from judges.model.judges import PairwiseJudge
+    from judges.model.prompted import PairwiseJudge
     from judges.model.openai_backend import OpenAIBackend
     from judges.types import Candidate, Item
 
@@ -133,7 +133,7 @@ def test_concurrent_requests_arriving_while_the_model_is_busy_share_one_forward(
 
 
 def test_a_local_judge_batches_its_requests_and_fails_when_the_labels_hold_under_half(real_model_dirs):
-    from judges.model.judges import PairwiseJudge
+    from judges.model.prompted import PairwiseJudge
     from judges.model.local_backend import LocalBackend
     from judges.types import Candidate, Item
 
@@ -158,7 +158,7 @@ def test_a_local_judge_batches_its_requests_and_fails_when_the_labels_hold_under
 
 
 def test_a_local_judge_whose_tokenizer_splits_a_label_is_refused_before_any_call(real_model_dirs):
-    from judges.model.judges import PointwiseJudge
+    from judges.model.prompted import PointwiseJudge
     from judges.model.local_backend import LocalBackend
     from judges.model.verdict import LabelError
 

@@ -11,7 +11,7 @@ from trainers.grpo.config import GRPOConfig
 from trainers.grpo.objective import policy_loss
 from trainers.grpo.trainer import GRPOTrainer, score_completions
 from trainers.grpo.learner import SpikeGuard, lr_lambda
-from trainers.policy.sampling import completion_logprobs
+from trainers.policy.generation import completion_logprobs
 
 FAST = dict(prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-3)
 
@@ -235,7 +235,7 @@ def test_every_update_on_the_demo_model_favours_the_answers_it_rewarded(demo_mod
     A tie-break of 0.5 on every other completion gives every group a spread, so every step updates."""
     from trainers.policy.tinylm import load_policy
 
-    from trainers.demo import chat_splits
+    from trainers.policy.addition_model import chat_splits
 
     model, tokenizer = load_policy(demo_model_dir)
     splits = chat_splits(addition, tokenizer)  # each problem a chat turn, as the demo and marl run render it

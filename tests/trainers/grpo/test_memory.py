@@ -20,7 +20,7 @@ from helpers.real_models import ARCHITECTURES
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.learner import PolicyLearner, training_forward
 from trainers.policy.loading import load_policy
-from trainers.policy.sampling import (completion_logprobs, encode_prompts, full_sequence_logprobs, microbatch_rows,
+from trainers.policy.generation import (completion_logprobs, encode_prompts, full_sequence_logprobs, microbatch_rows,
                                       sample_completions)
 
 PROMPTS = ["Task: 12+35=", "You are the solver. Compute the answer and write it after ANSWER:. 3*4=", "9+1=",
@@ -235,7 +235,7 @@ def test_both_layouts_give_the_same_loss_and_gradient(real_models, architecture)
 
 
 def test_auto_packing_is_per_row_under_flash_attention_only(real_models):
-    from trainers.policy.sampling import resolve_packing
+    from trainers.policy.generation import resolve_packing
 
     model, _ = real_models["qwen2"]
     assert resolve_packing(model) == "shared_prompt" and resolve_packing(model, "per_row") == "per_row"

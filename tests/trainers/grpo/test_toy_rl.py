@@ -6,7 +6,7 @@ the bias report's own estimates plus a rule guard, the policy finds the genuinel
 import numpy as np
 import pytest
 
-from judges.model.judges import PairwiseJudge
+from judges.model.prompted import PairwiseJudge
 from judges.model.openai_backend import OpenAIBackend
 from judges.stats.probes import FILLER, MASTER_KEYS
 from judges.rules.registry import build_scorer

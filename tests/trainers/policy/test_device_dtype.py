@@ -12,7 +12,7 @@ import torch
 
 from trainers.policy.loading import (PlacementError, compute_dtype, load_policy, model_device, place_actors,
                                      placement, resolve_device, resolve_dtype)
-from trainers.policy.sampling import Completions, completion_logprobs, encode_prompts, sample_completions
+from trainers.policy.generation import Completions, completion_logprobs, encode_prompts, sample_completions
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -91,9 +91,9 @@ def test_marl_run_and_demo_refuse_float16_on_the_cpu_with_exit_2(capsys, tmp_pat
     assert main(["run", "relay", "--set", "train.device=cpu", "--set", "train.dtype=float16",
                  "--out", str(tmp_path / "run")]) == 2
     assert "train.dtype=float16 cannot train on the cpu" in capsys.readouterr().err
-    assert main(["demo", "--set", "grpo.device=cpu", "--set", "grpo.dtype=float16", "--out", str(tmp_path / "d")]) == 2
-    assert ("grpo.dtype=float16 cannot train on the cpu (no half-precision kernels or loss scaling there); use "
-            "float32 or bfloat16, or grpo.device=cuda") in capsys.readouterr().err  # the demo's own setting names
+    assert main(["demo", "--set", "train.device=cpu", "--set", "train.dtype=float16", "--out", str(tmp_path / "d")]) == 2
+    assert ("train.dtype=float16 cannot train on the cpu (no half-precision kernels or loss scaling there); use "
+            "float32 or bfloat16, or train.device=cuda") in capsys.readouterr().err  # marl run's, as the demo is it
     assert not (tmp_path / "d").exists() and not (tmp_path / "run").exists()  # refused before anything was made
 
 

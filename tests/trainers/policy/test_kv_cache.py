@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers.policy import kv_cache
-from trainers.policy.sampling import encode_prompts, full_sequence_logprobs, sample_completions
+from trainers.policy.generation import encode_prompts, full_sequence_logprobs, sample_completions
 
 PROMPTS = ["12+35=", "9+1=", "77+80=", "3=", "12+35="]  # a repeated prompt: prefilled once
 

@@ -15,7 +15,7 @@ from marl.scenario.load import load_scenario
 from marl.scenario.spec import LoraSpec
 from trainers.policy.actors import build_actors
 from trainers.policy.adapters import AdapterBase
-from trainers.policy.sampling import encode_prompts
+from trainers.policy.generation import encode_prompts
 from trainers.policy.tinylm import load_policy
 
 OWN_LORA = ["agents.0.policy=own", "agents.1.policy=own", "agents.2.policy=own", "train.lora.r=4",

@@ -74,7 +74,7 @@ def test_the_char_model_acts_on_the_raw_observation_and_stops_at_its_eos(micro_p
     import torch
 
     from trainers.policy.actors import ModelActor
-    from trainers.policy.sampling import encode_prompts
+    from trainers.policy.generation import encode_prompts
     from trainers.policy.prompts import TurnStyle, stop_token_ids
 
     model, tokenizer = micro_policy()
@@ -154,7 +154,7 @@ def test_a_stop_id_that_is_not_a_special_token_is_cut_from_the_text(real_model_d
 def test_sampling_accepts_one_eos_id_or_several(micro_policy):
     import torch
 
-    from trainers.policy.sampling import encode_prompts, sample_completions
+    from trainers.policy.generation import encode_prompts, sample_completions
 
     model, tokenizer = micro_policy()
     ids, mask = encode_prompts(tokenizer, ["1+2="])

@@ -11,8 +11,8 @@ import torch
 from marl.scenario.load import load_scenario
 from trainers.policy.actors import build_actors
 from trainers.cli.main import main
-from trainers.evaluate import load_actors
-from trainers.runs.layout import resolve_checkpoint
+from trainers.checkpoint_eval import load_actors
+from trainers.records.layout import resolve_checkpoint
 from marl.rollout import EpisodePlayer
 from trainers.team.evaluation import evaluate_scenario, evaluate_team, write_eval_report
 
@@ -218,7 +218,7 @@ def test_a_seat_is_played_by_another_agents_policy(tmp_path, capsys):
 
 
 def test_reseat_swaps_two_roles_and_keeps_the_others():
-    from trainers.evaluate import reseat
+    from trainers.checkpoint_eval import reseat
 
     seats = {"left": "left", "right": "shared", "final": "final"}
     assert reseat(seats, {"left": "final", "final": "left"}) == {"left": "final", "right": "shared", "final": "left"}

@@ -165,7 +165,7 @@ def test_a_restored_state_continues_exactly_like_the_trainer_it_came_from(team):
 
 
 def test_a_setting_added_since_a_checkpoint_is_not_a_change_but_a_changed_one_is():
-    from trainers.runs.fingerprint import _differences
+    from trainers.records.fingerprint import _differences
 
     saved = {"train": {"lr": 5e-5, "group_size": 8}, "name": "relay"}
     now = {"train": {"lr": 5e-5, "group_size": 8, "packing": "auto"}, "name": "relay"}  # packing: newer marl
@@ -178,7 +178,7 @@ def test_a_moved_base_model_is_the_same_scenario_for_a_resume_and_another_model_
     import shutil
 
     from marl.scenario.load import load_scenario
-    from trainers.runs.fingerprint import _differences, _identified, resume_fingerprint
+    from trainers.records.fingerprint import _differences, _identified, resume_fingerprint
 
     moved = shutil.copytree(real_model_dirs["qwen2"], tmp_path / "elsewhere" / "qwen2")
     before = resume_fingerprint(load_scenario("relay", [f"train.model={real_model_dirs['qwen2']}"]).spec)

@@ -4,7 +4,7 @@ Every metric dict carries its own step key (`{"train/step": 3, "train/reward": 0
 ever passes `step=` to W&B, so independent loops (train, eval) can never drop each other's rows.
 
 This is the only module in the project that imports `wandb`, and it does so lazily inside
-`WandbTracker`, so `import trainers.runs.tracking` stays cheap and works without wandb installed.
+`WandbTracker`, so `import trainers.records.tracking` stays cheap and works without wandb installed.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class WandbTracker(Tracker):
         back to the checkpoint) into this new offline run, then remove the run's older offline folders,
         so that `wandb sync` uploads exactly the run's record, once. The folders go last: a resume that
         dies midway leaves them, and the next resume rebuilds again from the mirror."""
-        from trainers.runs.report import STEP_KEY
+        from trainers.records.report import STEP_KEY
 
         tables = _read_mirror_tables(self.mirror.tables_dir)
         for row in _read_jsonl(self.mirror.metrics_path):
@@ -354,7 +354,7 @@ def run_tracker(kind: str, out: Path, step: int, *, config: Mapping[str, Any], g
                 project: str = "marl") -> Tracker:
     """The tracker of a run directory (`marl run` and `marl demo`): `none` still mirrors metrics to
     OUT/metrics.jsonl, and a W&B run keeps one id per run directory, so a resume at `step` continues it."""
-    from trainers.runs.rundir import wandb_run_id
+    from trainers.records.rundir import wandb_run_id
 
     if kind == "none":
         return JsonlTracker(out)

@@ -8,7 +8,7 @@ import torch
 
 from marl.types import Task
 from trainers.policy.prompts import stop_token_ids
-from trainers.policy.sampling import decode_completions, encode_prompts, sample_completions
+from trainers.policy.generation import decode_completions, encode_prompts, sample_completions
 
 
 @torch.no_grad()

@@ -38,7 +38,7 @@ def open_run_directory(out: Path, resume: bool, log: Callable[[str], None] = pri
     Raises RunDirectoryError (or CheckpointError when every checkpoint is damaged) with the advice
     that works: the command line to pass next.
     """
-    from trainers.runs.checkpoint import resume_checkpoint
+    from trainers.records.checkpoint import resume_checkpoint
 
     out = Path(out)
     if resume and not out.exists():
@@ -59,7 +59,7 @@ def open_run_directory(out: Path, resume: bool, log: Callable[[str], None] = pri
 
 
 def _holds_a_run(out: Path, found: list[str]) -> str:
-    from trainers.runs.checkpoint import checkpoint_dirs
+    from trainers.records.checkpoint import checkpoint_dirs
 
     if checkpoint_dirs(out):
         return f"{out} already holds a run; pass --resume to continue it or --out NEWDIR"
@@ -115,7 +115,7 @@ def _read_state(path: Path) -> dict:
 
 def write_failure(out: Path, error: OSError, step: int) -> str:
     """The one line for a write that failed mid-run: which file, why, what is intact, how to go on."""
-    from trainers.runs.checkpoint import latest_checkpoint
+    from trainers.records.checkpoint import latest_checkpoint
 
     where = f"{error.filename}: " if error.filename else ""
     last = latest_checkpoint(out, full=False)

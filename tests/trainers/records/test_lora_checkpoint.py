@@ -11,7 +11,7 @@ import torch
 from marl.scenario.load import load_scenario
 from trainers.grpo.config import GRPOConfig
 from trainers.policy.actors import build_actors
-from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.records.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.config import resolve_config
 from trainers.team.trainer import MultiAgentTrainer, StepPlan
 
@@ -89,7 +89,7 @@ def test_resuming_on_another_base_is_refused_naming_both(bases, tmp_path):
 
 
 def test_an_adapter_checkpoint_evaluates_as_the_trained_team(bases, tmp_path):
-    from trainers.evaluate import evaluate_checkpoint, load_actors
+    from trainers.checkpoint_eval import evaluate_checkpoint, load_actors
     from trainers.team.evaluation import evaluate_team
 
     trainer = _trainer(bases[0])

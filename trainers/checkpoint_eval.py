@@ -1,7 +1,7 @@
 """`marl eval`'s work: a checkpoint's models in place of the base model, on the held-out set at temperature 0.
 
 The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name
-(the layout is read by trainers/runs/layout.py); model agents the checkpoint has no directory for
+(the layout is read by trainers/records/layout.py); model agents the checkpoint has no directory for
 play the base model (train.model). A LoRA checkpoint's directories are adapters: they go on the base
 model (train.model), which must be the base they were trained on (else one line naming both). The
 metrics are trainers/team/evaluation.py's.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainers.policy.adapters import is_adapter_dir
-from trainers.runs.layout import checkpoint_models
+from trainers.records.layout import checkpoint_models
 
 
 def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=print) -> tuple[dict, dict]:
@@ -26,7 +26,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
     from trainers.policy.tinylm import load_policy
     from trainers.policy.prompts import directory_context
     from trainers.run import base_model_dir, check_context
-    from trainers.runs.checkpoint import CheckpointError
+    from trainers.records.checkpoint import CheckpointError
 
     if scenario.spec.train.engine.kind != "inprocess":
         log(f"train.engine.kind {scenario.spec.train.engine.kind} applies to marl run: this evaluation generates "

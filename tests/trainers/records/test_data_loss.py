@@ -96,7 +96,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 TRUNCATE_UNDER_LIMIT = r"""
 import json, resource, sys
 from pathlib import Path
-from trainers.runs.report import truncate_metrics, truncate_tables
+from trainers.records.report import truncate_metrics, truncate_tables
 run = Path(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_FSIZE, (2000, resource.RLIM_INFINITY))
 for call in (lambda: truncate_metrics(run / "metrics.jsonl", 25), lambda: truncate_tables(run / "tables", 25)):
@@ -123,7 +123,7 @@ def test_truncation_under_the_file_size_limit_loses_no_row(tmp_path):
     assert (tmp_path / "tables" / "samples.jsonl").read_text() == table
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["metrics.jsonl", "samples.jsonl", "tables"]  # no temp files
 
-    from trainers.runs.report import truncate_metrics, truncate_tables
+    from trainers.records.report import truncate_metrics, truncate_tables
 
     truncate_metrics(tmp_path / "metrics.jsonl", 25)
     truncate_tables(tmp_path / "tables", 25)
@@ -234,7 +234,7 @@ def test_a_truncated_state_pt_is_skipped_for_the_intact_previous_checkpoint(thre
 
 @pytest.mark.slow
 def test_a_truncated_model_is_neither_resumed_from_nor_kept_and_eval_says_so(three_steps, tmp_path, capsys):
-    from trainers.runs.checkpoint import checkpoint_problem
+    from trainers.records.checkpoint import checkpoint_problem
 
     out = _copy(three_steps, tmp_path)
     model = out / "checkpoints" / "step-000003" / "model" / "model.safetensors"
@@ -285,7 +285,7 @@ def test_a_killed_offline_run_is_rebuilt_so_its_wandb_history_equals_metrics_jso
     import wandb
     from helpers.wandb_reader import find_run_logs, read_run
 
-    from trainers.runs.checkpoint import latest_checkpoint
+    from trainers.records.checkpoint import latest_checkpoint
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "run"

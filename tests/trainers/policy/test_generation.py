@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainers.policy.sampling import (completion_logprobs, decode_completions, encode_prompts, full_sequence_logprobs,
+from trainers.policy.generation import (completion_logprobs, decode_completions, encode_prompts, full_sequence_logprobs,
                                pack_completions, sample_completions)
 
 PROMPTS = ["12+35=", "9+1=", "77+80=", "3="]  # different lengths: exercises left padding
@@ -130,7 +130,7 @@ def test_packed_logprobs_equal_full_forward_for_any_pack_size(micro_policy, pack
 def test_short_rows_get_short_packed_sequences_under_a_block_mask(micro_policy):
     """The auto pack length: a few of the longest rows under shared_prompt's dense mask (its attention
     grows with the length for every token), within bounds; the full length per row, which needs no mask."""
-    from trainers.policy.sampling import PACK_ROWS, PACK_TOKENS_MAX, PACK_TOKENS_MIN, auto_pack_tokens
+    from trainers.policy.generation import PACK_ROWS, PACK_TOKENS_MAX, PACK_TOKENS_MIN, auto_pack_tokens
 
     model, tokenizer = micro_policy()
     out = _sample(model, tokenizer, max_new_tokens=8)
@@ -155,7 +155,7 @@ def test_pack_holds_each_prompt_once_and_no_padding(micro_policy):
 
 
 def test_keyed_rows_draw_the_same_tokens_in_any_batch(micro_policy):
-    from trainers.policy.sampling import stream_key
+    from trainers.policy.generation import stream_key
 
     model, tokenizer = micro_policy(seed=3)
     keys = [stream_key(7, i, "agent") for i in range(len(PROMPTS))]
@@ -174,7 +174,7 @@ def test_keyed_rows_draw_the_same_tokens_in_any_batch(micro_policy):
 
 def test_keyed_draws_follow_the_sampling_distribution(micro_policy):
     """Over many keys, the first token's frequencies match softmax(logits / T) (and top_p's nucleus)."""
-    from trainers.policy.sampling import sampling_probabilities, stream_key
+    from trainers.policy.generation import sampling_probabilities, stream_key
 
     model, tokenizer = micro_policy(seed=4)
     ids, mask = encode_prompts(tokenizer, ["12+3="])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from marl.types import Task
-from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.records.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.grpo.config import GRPOConfig
 from trainers.grpo.trainer import GRPOTrainer
 
@@ -118,7 +118,7 @@ def test_every_checkpoint_has_a_manifest_of_sizes_and_checksums(micro_policy, tm
 
 @pytest.mark.parametrize("damaged", ["state.pt", "model/model.safetensors"])
 def test_a_truncated_file_makes_resume_fall_back_to_the_newest_intact_checkpoint(micro_policy, tmp_path, damaged):
-    from trainers.runs.checkpoint import resume_checkpoint
+    from trainers.records.checkpoint import resume_checkpoint
 
     _two_checkpoints(micro_policy, tmp_path)
     full, cut = _truncate(tmp_path / "checkpoints" / "step-000002" / damaged)
@@ -130,7 +130,7 @@ def test_a_truncated_file_makes_resume_fall_back_to_the_newest_intact_checkpoint
 
 
 def test_a_changed_byte_is_caught_by_the_checksum(micro_policy, tmp_path):
-    from trainers.runs.checkpoint import checkpoint_problem
+    from trainers.records.checkpoint import checkpoint_problem
 
     _two_checkpoints(micro_policy, tmp_path)
     path = tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors"
@@ -143,7 +143,7 @@ def test_a_changed_byte_is_caught_by_the_checksum(micro_policy, tmp_path):
 
 
 def test_no_intact_checkpoint_is_refused_with_advice(micro_policy, tmp_path):
-    from trainers.runs.checkpoint import resume_checkpoint
+    from trainers.records.checkpoint import resume_checkpoint
 
     _two_checkpoints(micro_policy, tmp_path)
     for name in ("step-000001", "step-000002"):
@@ -154,7 +154,7 @@ def test_no_intact_checkpoint_is_refused_with_advice(micro_policy, tmp_path):
 
 
 def test_a_damaged_latest_checkpoint_is_never_kept_as_the_final_one(micro_policy, tmp_path):
-    from trainers.runs.checkpoint import checkpoint_problem, final_checkpoint
+    from trainers.records.checkpoint import checkpoint_problem, final_checkpoint
 
     trainer = _two_checkpoints(micro_policy, tmp_path)
     _truncate(tmp_path / "checkpoints" / "step-000002" / "model" / "model.safetensors")
@@ -167,7 +167,7 @@ def test_a_damaged_latest_checkpoint_is_never_kept_as_the_final_one(micro_policy
 
 
 def test_loading_a_damaged_checkpoint_is_one_clear_error(micro_policy, tmp_path):
-    from trainers.runs.checkpoint import CheckpointError
+    from trainers.records.checkpoint import CheckpointError
 
     _two_checkpoints(micro_policy, tmp_path)
     checkpoint = tmp_path / "checkpoints" / "step-000002"

@@ -11,7 +11,7 @@ trainers/policy/adapters.py), never full models.
 A path is a checkpoint when it holds such a model directory (a directory with a config.json, or an
 adapter's adapter_config.json), and a run directory when it holds checkpoints/; a run directory means its newest complete checkpoint. Every
 wrong path is a CheckpointError whose message says what to pass instead. The full layout, and how
-checkpoints are written, is in trainers/runs/checkpoint.py (imported only when a path is resolved,
+checkpoints are written, is in trainers/records/checkpoint.py (imported only when a path is resolved,
 since it loads torch).
 """
 
@@ -37,7 +37,7 @@ def resolve_checkpoint(path: str | None) -> Path | None:
     CheckpointError when the path is no directory, a damaged checkpoint, a run without a complete
     checkpoint, or neither a run directory nor a checkpoint.
     """
-    from trainers.runs.checkpoint import CheckpointError, latest_checkpoint, verified_checkpoint
+    from trainers.records.checkpoint import CheckpointError, latest_checkpoint, verified_checkpoint
 
     if path is None:
         return None

@@ -8,7 +8,7 @@ Layout under a run directory:
                                        with train.lora each is the actor's LoRA adapter only (peft's
                                        save_pretrained, plus marl_base.json: the base directory and its
                                        fingerprint), and state.pt holds adapter weights, not models
-    checkpoints/step-000010/manifest.json  size and sha256 of every file above (trainers/runs/manifest.py)
+    checkpoints/step-000010/manifest.json  size and sha256 of every file above (trainers/records/manifest.py)
     checkpoints/latest                 the name of the newest complete checkpoint
 
 Every checkpoint is written into a temporary directory, its manifest last, and renamed into place,
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from common.files import write_directory_atomically, write_text_atomically
-from trainers.runs.manifest import manifest_problem, write_manifest
+from trainers.records.manifest import manifest_problem, write_manifest
 
 KEEP_LAST = 2  # complete checkpoints kept on disk
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainers.runs.report import read_metrics, rolling_mean, write_report
-from trainers.runs.tracking import (JsonlTracker, NullTracker, Tracker, WandbTracker, artifact_name, coerce_cell,
+from trainers.records.report import read_metrics, rolling_mean, write_report
+from trainers.records.tracking import (JsonlTracker, NullTracker, Tracker, WandbTracker, artifact_name, coerce_cell,
                                make_tracker, resolve_wandb_mode)
 from helpers.paths import ROOT
 
@@ -185,7 +185,7 @@ def test_make_tracker_explains_failed_init(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def test_importing_tracking_and_report_stays_light() -> None:
-    code = ("import sys, trainers.runs.tracking, trainers.runs.report; "
+    code = ("import sys, trainers.records.tracking, trainers.records.report; "
             "heavy = {'wandb', 'matplotlib', 'torch'} & set(sys.modules); assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
 
@@ -243,7 +243,7 @@ def test_a_run_id_continues_the_same_wandb_run_and_marks_the_resume(wandb_offlin
     import wandb
     from helpers.wandb_reader import find_run_logs, read_run
 
-    from trainers.runs.rundir import wandb_run_id
+    from trainers.records.rundir import wandb_run_id
 
     run_dir = tmp_path / "run"
     run_id = wandb_run_id(run_dir, 0)
@@ -271,8 +271,8 @@ def test_an_offline_resume_rebuilds_one_run_equal_to_the_mirror(wandb_offline: N
     import wandb
     from helpers.wandb_reader import find_run_logs, read_run
 
-    from trainers.runs.report import truncate_metrics, truncate_tables
-    from trainers.runs.tracking import run_tracker
+    from trainers.records.report import truncate_metrics, truncate_tables
+    from trainers.records.tracking import run_tracker
 
     run_dir = tmp_path / "run"
     first = run_tracker("wandb", run_dir, 0, config={"lr": 1}, group="unit", project="marl-test")
