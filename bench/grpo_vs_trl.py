@@ -1,4 +1,9 @@
-"""Benchmark our GRPO trainer against TRL 1.16's `GRPOTrainer` on the addition demo, A/B interleaved.
+"""Benchmark marl's training step against TRL 1.16's `GRPOTrainer` on the addition demo, A/B interleaved.
+
+Ours is the one trainer `marl run` and `marl demo` execute (trainers/team/trainer.py `MultiAgentTrainer`)
+on a one-agent scenario: the built-in `addition` scenario (the demo), or, in the realistic setting, a
+one-agent scenario built here around the same prompts and reward TRL gets. Each step pays what a marl
+run pays: episodes played through the scenario's environment and scored by its reward layers.
 
 Run from a checkout: `python bench/grpo_vs_trl.py` (3 rounds of 30 steps, about 30 s once the tiny
 model is cached), or `--quick` (seconds, for tests/integration/test_benchmarks.py: 1 round of 4 steps, held-out
@@ -66,10 +71,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from marl.addition import addition_reward, addition_splits  # noqa: E402
+from marl.addition import addition_splits  # noqa: E402
 from trainers.policy.addition_model import chat_splits, demo_policy, held_out_accuracy  # noqa: E402
-from trainers.grpo.config import GRPOConfig
-from trainers.grpo.trainer import GRPOTrainer  # noqa: E402
+from trainers.grpo.config import GRPOConfig  # noqa: E402
 from trainers.policy.tinylm import load_policy  # noqa: E402
 
 SPEEDUP_GOAL = 3.0
@@ -130,20 +134,45 @@ def reward_trend(rewards: list[float]) -> tuple[float, float]:
     return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
 
 
+PHASES = ("play", "credit", "update")  # the team trainer's time/* parts of a step
+
+
+def one_agent_trainer(scenario, model, tokenizer, config: GRPOConfig):
+    """marl's trainer on a one-agent scenario, its one agent played by `model` (the run's 'shared' actor)."""
+    from trainers.config import resolve_config
+    from trainers.policy.actors import ModelActor
+    from trainers.team.trainer import MultiAgentTrainer
+
+    (agent,) = scenario.agent_names
+    actor = ModelActor("shared", model, tokenizer, trainable=True, temperature=config.temperature,
+                       top_p=config.top_p, seed=config.seed)
+    return MultiAgentTrainer(scenario, {"shared": actor}, {agent: "shared"}, scenario.split()[0],
+                             resolve_config(scenario, grpo=config), log=lambda line: None)
+
+
+def completion_tokens(trainer) -> float:
+    """Completion tokens the trainer's last step sampled."""
+    return float(sum(rows.completion_mask.sum().item() for calls in trainer.last_step.batch.generations.values()
+                     for rows in calls))
+
+
 def run_ours(model_dir: Path, splits, steps: int, seed: int, samples: int = EVAL_SAMPLES) -> dict:
+    from marl.scenario.load import load_scenario
+
     ensure_one_thread()
     model, tokenizer = load_policy(model_dir)
-    trainer = GRPOTrainer(model, tokenizer, splits.train, addition_reward, ours_config(steps, seed))
+    scenario = load_scenario("addition", [f"agents.0.max_tokens={SHARED['max_new_tokens']}"])
+    trainer = one_agent_trainer(scenario, model, tokenizer, ours_config(steps, seed))
     wall, metrics = [], []
     for _ in range(steps):
         started = time.perf_counter()
         metrics.append(trainer.step())
         wall.append(time.perf_counter() - started)
     after = held_out_accuracy(model, tokenizer, splits, samples, SHARED["max_new_tokens"])
-    phases = {p: step_median([m[f"time/{p}"] for m in metrics]) for p in ("generate", "score", "update")}
+    phases = {p: step_median([m[f"time/{p}"] for m in metrics]) for p in PHASES}
     return {"trainer": "ours", "seed": seed, "step_seconds": wall, "s_per_step": step_median(wall),
             "phases": phases, "rewards": [m["train/reward"] for m in metrics], "after": after,
-            "skipped_spikes": trainer.learner.skipped_spikes}
+            "skipped_spikes": trainer.learners["shared"].skipped_spikes}
 
 
 def run_trl(model_dir: Path, splits, steps: int, seed: int, samples: int = EVAL_SAMPLES) -> dict:
@@ -204,7 +233,7 @@ def side_summary(runs: list[dict], before: dict) -> dict:
 
 def summarize(ours: list[dict], trl: list[dict], before: dict) -> dict:
     s_ours, s_trl = side_summary(ours, before), side_summary(trl, before)
-    phases = {p: statistics.median(r["phases"][p] for r in ours) for p in ("generate", "score", "update")}
+    phases = {p: statistics.median(r["phases"][p] for r in ours) for p in PHASES}
     speedup = s_trl["s_per_step"] / s_ours["s_per_step"]
     return {"ours": s_ours, "trl": s_trl, "ours_phases": phases, "speedup": speedup,
             "paired_speedups": [t["s_per_step"] / o["s_per_step"] for o, t in zip(ours, trl)],
@@ -218,7 +247,7 @@ def print_summary(summary: dict, rounds: int, steps: int) -> None:
     o, t, p = summary["ours"], summary["trl"], summary["ours_phases"]
     print(f"\nsummary over {rounds} round(s) of {steps} steps (medians of per-run medians, steps 2..{steps})")
     print(f"  ours: {o['s_per_step']:.4f} s/step ({1 / o['s_per_step']:.2f} steps/s)  "
-          f"split: generate {p['generate']:.4f}, score {p['score']:.4f}, update {p['update']:.4f}")
+          f"split: play {p['play']:.4f}, credit {p['credit']:.4f}, update {p['update']:.4f}")
     print(f"  TRL:  {t['s_per_step']:.4f} s/step ({1 / t['s_per_step']:.2f} steps/s)")
     print(f"  speed-up (TRL s/step / ours s/step): {summary['speedup']:.2f}x  "
           f"(per round: {', '.join(f'{x:.2f}x' for x in summary['paired_speedups'])})")
@@ -279,22 +308,32 @@ class MemoryMeter:
         return memory
 
 
-def realistic_ours(args, device: str, dtype: torch.dtype) -> dict:
-    from bench.support.real_model import text_reward
+def realistic_scenario(tasks, new_tokens: int):
+    """A one-agent scenario around the realistic setting's prompts (already ChatML-rendered, so shown as
+    they are) and its text reward (bench/support/real_model.py: text_reward_score)."""
+    from marl.scenario.load import load_scenario
 
+    return load_scenario({
+        "name": "realistic", "agents": [{"name": "writer", "observation": "{prompt}", "max_tokens": new_tokens}],
+        "tasks": {"inline": [{"id": task.id, "prompt": task.prompt} for task in tasks]},
+        "rewards": {"outcome": [{"kind": "callable", "function": "bench.support.real_model:text_reward_score"}]},
+        "chat_template": "none", "observation_max_chars": 1_000_000, "action_max_chars": 1_000_000})
+
+
+def realistic_ours(args, device: str, dtype: torch.dtype) -> dict:
     model, tokenizer = load_policy(args.model_dir, device=device, dtype=dtype)
     tasks, memory = realistic_tasks(tokenizer, args.prompt_tokens), MemoryMeter(device)
     config = GRPOConfig(steps=args.steps, **realistic_shared(args), loss_type="dapo", scale_rewards="group",
                         buckets=1, floor_reward=0.0, seed=args.seed, threads=args.threads)
-    trainer = GRPOTrainer(model, tokenizer, tasks, lambda task, text: text_reward(text), config)
-    rows, wall, tokens, history = args.prompts_per_step * 8, [], [], []
+    trainer = one_agent_trainer(realistic_scenario(tasks, args.new_tokens), model, tokenizer, config)
+    wall, tokens, history = [], [], []
     for _ in range(args.steps):
         started = time.perf_counter()
         history.append(trainer.step())
         sync(device)
         wall.append(time.perf_counter() - started)
-        tokens.append(history[-1]["train/completion_length"] * rows)
-    phases = {p: step_median([m[f"time/{p}"] for m in history]) for p in ("generate", "score", "update")}
+        tokens.append(completion_tokens(trainer))
+    phases = {p: step_median([m[f"time/{p}"] for m in history]) for p in PHASES}
     return {"trainer": "ours", "step_seconds": wall, "completion_tokens": tokens, "phases": phases, **memory.read()}
 
 

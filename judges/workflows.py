@@ -33,6 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.files import write_text_atomically
+from judges.model.backend import run_sync
+from judges.model.openai_backend import OpenAIBackend
+from judges.model.prompted import PairwiseJudge
+from judges.model.simulated import SimulatedClient
+from judges.model.verdict import NO_LOGPROBS
+from judges.types import Candidate, Item
+
 if TYPE_CHECKING:  # imported where used, so that importing this module (the CLI does) loads no numpy
     from judges.stats.bias_report import ReportItem
 
@@ -120,8 +128,6 @@ def _read_gold(path) -> dict:
 def simulated_client(items: Sequence[ReportItem], **biases: float):
     """A SimulatedClient whose quality is the items' gold (1 for a gold answer, 0 otherwise), with the named
     biases (`SIM_BIASES`, e.g. position=0.6, master_key=4); ValueError for another name."""
-    from judges.model.simulated import SimulatedClient
-
     unknown = sorted(set(biases) - set(SIM_BIASES))
     if unknown:
         raise ValueError(f"unknown bias {unknown[0]!r}; choose one of {', '.join(SIM_BIASES)}")
@@ -132,9 +138,6 @@ def simulated_client(items: Sequence[ReportItem], **biases: float):
 def simulated_judge(items: Sequence[ReportItem], *, cache=None, verdict: str = "text", **biases: float):
     """A both-orders PairwiseJudge over the simulated endpoint of `simulated_client(items, **biases)` (the judge
     `marl judges ... --simulated` uses); `cache` an optional judges.model.cache.JudgeCache."""
-    from judges.model.prompted import PairwiseJudge
-    from judges.model.openai_backend import OpenAIBackend
-
     return PairwiseJudge(OpenAIBackend(simulated_client(items, **biases), model="sim", cache=cache), verdict=verdict)
 
 
@@ -143,10 +146,6 @@ def check_judge(judge, item: ReportItem) -> None:
     """Judge `item`'s first pair, so that an unreachable endpoint or a wrong model fails fast with its cause:
     WorkflowError (NoLogprobsError when a logprobs verdict got no logprobs). A judge without a backend (a
     reward model, loaded and checked already) is not asked."""
-    from judges.model.backend import run_sync
-    from judges.model.verdict import NO_LOGPROBS
-    from judges.types import Candidate, Item
-
     if not hasattr(judge, "backend"):
         return
     second = item.candidates[1] if len(item.candidates) > 1 else item.candidates[0]
@@ -189,7 +188,6 @@ def report(items: Sequence[ReportItem], judge, *, per_kind: int | None = 100, se
 def write_report(result: dict, path: str | Path, markdown: str | Path | None = None) -> None:
     """Write the report as strict JSON (no NaN or Infinity) atomically to `path`, and its markdown summary to
     `markdown` when given; a missing folder is created. OSError when a file cannot be written."""
-    from common.files import write_text_atomically
     from judges.stats.bias_report import report_markdown
 
     for target in (path, markdown) if markdown else (path,):
@@ -283,16 +281,12 @@ def calibrate(items: Sequence[ReportItem], judge, *, method: str = "platt", poin
 
 def _pairwise_rows(judge, items: list[ReportItem]) -> list[tuple[float, float]]:
     """(P(first better), gold) per judged pair: gold 1 when the first is better, a gold score as given."""
-    from judges.model.backend import run_sync
-
     pairs = run_sync(_compare_items(judge, items))
     return [(p.p_a, 1.0 if i.gold == 0 else float(i.gold) if isinstance(i.gold, float) else 0.0)
             for i, p in zip(items, pairs) if p.p_a is not None]
 
 
 async def _compare_items(judge, items: list[ReportItem]):
-    from judges.types import Candidate, Item
-
     return await asyncio.gather(*(judge.compare(Item(prompt=i.prompt), Candidate(i.candidates[0]),
                                                 Candidate(i.candidates[1])) for i in items))
 
@@ -300,8 +294,6 @@ async def _compare_items(judge, items: list[ReportItem]):
 def _pointwise_rows(judge, items: list[ReportItem]) -> list[tuple[float, float]]:
     """(score, gold) for both answers of every gold item, as the judge scores them in a scenario: gold 1 for
     the better answer and 0 for the other (a gold score g of the first: g and 1 - g)."""
-    from judges.types import Candidate, Item
-
     rows = []
     for item in items:
         first, second = judge.score(Item(prompt=item.prompt), [Candidate(item.candidates[0]),

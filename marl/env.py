@@ -43,10 +43,13 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
+from judges.model.factory import build_judge
 from judges.rules.patterns import compile_pattern
+from judges.rules.registry import build_scorer
 from marl.scenario.graph import build_visibility, episode_turns, visible_speakers
 from marl.rewards import EpisodeScorer
 from marl.scenario.load import Scenario, load_scenario
+from marl.tools import ToolRegistry, ToolSpec
 from marl.types import Task
 
 CHARSET = string.printable
@@ -94,8 +97,6 @@ class ScenarioEnv(ParallelEnv):
 
     def __init__(self, scenario: Scenario, *, tasks: list[Task] | None = None, render_mode: str | None = None,
                  max_cycles: int | None = None, scorer: EpisodeScorer | None = None):
-        from judges.rules.registry import build_scorer
-
         self.scenario, spec = scenario, scenario.spec
         self.render_mode = render_mode
         self.possible_agents = list(scenario.agent_names)
@@ -322,16 +323,12 @@ class _Namespace:
 def _build_scorer(scorer_spec, judges: dict, base_dir, build_rule):
     """A rule verifier, or the model judge named by the scorer's kind (from the scenario's `judges`)."""
     if scorer_spec.kind in judges:
-        from judges.model.factory import build_judge
-
         return build_judge(judges[scorer_spec.kind].model_dump(), base_dir)
     return build_rule(scorer_spec.kind, scorer_spec.params(), base_dir)
 
 
 def _agent_tool_registries(scenario: Scenario) -> dict:
     """One tool registry per agent that has tools, holding only that agent's tools."""
-    from marl.tools import ToolRegistry, ToolSpec
-
     declared = {tool.name: tool for tool in scenario.spec.tools}
     registries = {}
     for agent in scenario.spec.agents:

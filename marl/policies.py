@@ -16,6 +16,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from marl.rollout import EpisodeJob, policy_player
 from marl.scenario.load import Scenario
 from marl.types import Task
 
@@ -92,8 +93,6 @@ class EpisodeResult:
 
 def rollout(env, policy: Policy, task: Task | str | int | None = None, seed: int = 0) -> EpisodeResult:
     """Play one episode of a ScenarioEnv with `policy` for every agent whose turn it is (through the engine)."""
-    from marl.rollout import EpisodeJob, policy_player
-
     player = policy_player(env, policy, order=env.possible_agents)
     [episode] = player.play([EpisodeJob(task, seed)]).episodes
     heard = [{"agent": t.agent, "observation": t.observation, "action": t.text} for t in episode.turns]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judges.types import Candidate, Item, Judgment, Scorer, ToolCallRecord
+from marl.blend import blend_group, judgment_variance
 from marl.scenario.spec import ScenarioSpec, ScorerSpec
 from marl.types import Task
 
@@ -123,8 +124,6 @@ class EpisodeScorer:
 
     def _blended_outcome(self, item: Item, judgments: dict[str, Judgment]) -> tuple[float | None, dict]:
         """The outcome of `rewards.blend`: the rule applies to tasks with an answer; a failure masks."""
-        from marl.blend import blend_group, judgment_variance
-
         spec = self.rewards.blend
         rule = judgments[spec.rule] if item.answer is not None else None
         judge = judgments[spec.judge]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from marl.types import Task
@@ -240,7 +241,6 @@ class EpisodePlayer:
         last_turn = all(env.turn_index == len(env.turns) - 1 for env in envs)
         if not (self.judged and last_turn and len(envs) > 1):
             return [env.advance(action) for env, action in zip(envs, actions)]
-        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(len(envs), JUDGE_THREADS)) as pool:
             return list(pool.map(lambda pair: pair[0].advance(pair[1]), zip(envs, actions)))

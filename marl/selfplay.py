@@ -30,6 +30,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import trueskill
+
 LEARNER = "learner"
 RATING_KINDS = ("elo", "trueskill")
 STRATEGIES = ("latest", "uniform", "prioritised")
@@ -119,8 +121,6 @@ class TrueSkillRatings:
         self._build_env()
 
     def _build_env(self) -> None:
-        import trueskill
-
         self._env = trueskill.TrueSkill(mu=self.initial_mu, sigma=self.initial_sigma, beta=self.beta,
                                         tau=self.tau, draw_probability=self.draw_probability)
 

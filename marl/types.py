@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -29,8 +29,6 @@ class Task:
 
     def variant(self, index: int) -> Task:
         """The task as its `index`-th variant words it (same id and answer, no variants of its own)."""
-        from dataclasses import replace
-
         wording = self.variants[index]
         if isinstance(wording, str):
             return replace(self, prompt=wording, variants=())

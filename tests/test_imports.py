@@ -32,7 +32,7 @@ def test_judges_import_neither_marl_nor_trainers():
 
 
 def test_the_check_detects_a_heavy_import():
-    loaded = _modules_after_import("import trainers.grpo.trainer")
+    loaded = _modules_after_import("import trainers.grpo.learner")
     assert "torch" in loaded
 
 

@@ -17,7 +17,7 @@ PROMISED = {
                "WorkflowError", "ReportItem", "build_judge", "PairwiseJudge", "Item", "Candidate", "Judgment"},
     "trainers": {"GRPOConfig", "group_advantages", "demo_options", "run_demo", "run_scenario", "RunOptions",
                  "resolve_config", "TrainConfig", "MultiAgentTrainer", "StepPlan"},
-    "trainers.grpo": {"GRPOConfig", "GRPOTrainer", "group_advantages", "policy_loss", "zero_std_group_fraction"},
+    "trainers.grpo": {"GRPOConfig", "group_advantages", "policy_loss", "zero_std_group_fraction"},
 }
 PACKAGES = sorted(PROMISED)
 

@@ -5,7 +5,7 @@ Jobs, read these first: `run.py` (`marl run`, a team on a scenario; its settings
 `estimate.py` (what a run would cost), `checkpoint_eval.py` (`marl eval`: a checkpoint's team on the
 held-out set). Rooms:
 
-    grpo/     the single-policy GRPO core: config, objective (advantages, loss), learner, trainer, safeguards
+    grpo/     the single-policy GRPO core: config, objective (advantages, loss), learner, safeguards
     policy/   models: the tiny default, GGUF files, sampling with a KV cache, actors (who speaks for an agent)
     engine/   rollout engines: in-process, or a vLLM-style server with versioned LoRA adapters (`marl serve`),
               and the sampler/trainer mismatch correction
@@ -20,7 +20,7 @@ held-out set). Rooms:
 
 Public names (imported on first use, so `import trainers` loads no torch): `run_scenario`, `RunOptions`
 (what `marl run` runs), `resolve_config`, `TrainConfig`, `MultiAgentTrainer`, `StepPlan`, `GRPOConfig`,
-`GRPOTrainer`, `group_advantages`, `demo_options`, `run_demo`.
+`group_advantages`, `demo_options`, `run_demo`.
 
 May import: common, marl, judges, and rooms here in the order cli -> jobs -> stages -> team -> grpo -> policy
 -> records (never the other way); policy and engine use each other (an actor's engine, the engines' sampler)
@@ -29,7 +29,6 @@ at file level without a cycle. Heavy libraries (torch, transformers, wandb) are 
 
 _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
     "GRPOConfig": "trainers.grpo.config:GRPOConfig",
-    "GRPOTrainer": "trainers.grpo.trainer:GRPOTrainer",
     "group_advantages": "trainers.grpo.objective:group_advantages",
     "demo_options": "trainers.demo:demo_options",
     "run_demo": "trainers.demo:run_demo",

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from marl.rollout import EpisodePlayer
+from trainers.config import resolve_config
+from trainers.policy.actors import SCRIPTED, build_actors
 from trainers.policy.adapters import is_adapter_dir
 from trainers.records.layout import checkpoint_models
+from trainers.run import base_model_dir, check_context
+from trainers.team.budgets import budget_curve
+from trainers.team.evaluation import evaluate_scenario
 
 
 def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=print) -> tuple[dict, dict]:
@@ -20,12 +26,9 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
 
     CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
     """
-    from trainers.config import resolve_config
-    from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_autocast, placement
     from trainers.policy.tinylm import load_policy
     from trainers.policy.prompts import directory_context
-    from trainers.run import base_model_dir, check_context
     from trainers.records.checkpoint import CheckpointError
 
     if scenario.spec.train.engine.kind != "inprocess":
@@ -63,8 +66,6 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
 
 
 def _model_played(agent) -> bool:
-    from trainers.policy.actors import SCRIPTED
-
     return agent.policy in ("shared", "own") or not (agent.policy in SCRIPTED or ":" in agent.policy)
 
 
@@ -97,9 +98,6 @@ def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_di
     """
     import torch
 
-    from marl.rollout import EpisodePlayer
-    from trainers.team.evaluation import evaluate_scenario
-
     torch.set_num_threads(scenario.spec.train.threads)
     actors, seats = load_actors(scenario, checkpoint, cache_dir)
     seats = reseat(seats, played_by)
@@ -110,7 +108,5 @@ def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_di
     named = {"checkpoint": str(checkpoint) if checkpoint is not None else "base model",
              "played_by": dict(played_by or {})}
     if budgets:
-        from trainers.team.budgets import budget_curve
-
         named["budget_curve"] = {**budget_curve(player, tasks, budgets, seed=seed), **named}
     return {**result, **named}

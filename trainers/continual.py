@@ -25,13 +25,22 @@ problem and the directory, raised before any model is built or anything is writt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.files import write_text_atomically
+from marl.rollout import EpisodePlayer
+from marl.scenario.problems import ScenarioError
 from trainers.config import ContinualError, continual_beta, resolve_config  # noqa: F401 - re-exported
+from trainers.policy.actors import SCRIPTED, actor_key, build_actors
+from trainers.policy.adapters import AdapterBaseError, AdapterPolicy, is_adapter_dir, opponent_model
+from trainers.records.fingerprint import model_identity
+from trainers.records.layout import checkpoint_models
+from trainers.team.evaluation import evaluate_team
 
 SCENARIO_FILE = "scenario.json"
 CONTINUAL_FILE = "continual.json"
@@ -41,8 +50,6 @@ def record_scenario(out: Path, source: str, overrides: list[str], name: str, con
     """Write OUT/scenario.json: what a later `--init-from OUT` needs to load this run's scenario again
     (`config`: the run's TrainConfig)."""
     from marl.scenario.load import find_scenario
-    from common.files import write_text_atomically
-    from trainers.records.fingerprint import model_identity
 
     path = find_scenario(source).resolve()
     record = {"source": str(path), "source_sha256": _file_sha256(path), "overrides": list(overrides), "name": name,
@@ -51,8 +58,6 @@ def record_scenario(out: Path, source: str, overrides: list[str], name: str, con
 
 
 def _file_sha256(path: Path) -> str:
-    import hashlib
-
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -81,7 +86,6 @@ def open_earlier_run(path: str, scenario, config) -> EarlierRun:
     continual=True: its KL settings are checked there) (module docstring); ContinualError (one line)
     otherwise. Reads files only: no model is built, nothing is written."""
     from trainers.records.checkpoint import latest_checkpoint
-    from trainers.records.layout import checkpoint_models
 
     run = Path(path)
     if not run.is_dir():
@@ -121,7 +125,6 @@ def _read_record(run: Path) -> dict:
 def _earlier_scenario(run: Path, record: dict):
     """The earlier run's scenario, loaded again from its file and --set values."""
     from marl.scenario.load import load_scenario
-    from marl.scenario.problems import ScenarioError
 
     recorded = record.get("source_sha256")
     if recorded is not None and Path(record["source"]).is_file() and _file_sha256(record["source"]) != recorded:
@@ -138,8 +141,6 @@ def _earlier_scenario(run: Path, record: dict):
 def _check_model(earlier: EarlierRun, config) -> None:
     """The earlier policies fit this run: the same train.model (by content), adapters exactly when this run
     trains adapters."""
-    from trainers.records.fingerprint import model_identity
-
     train, record = config, earlier.record
     model = model_identity(train.model)
     if model != record["model"]:
@@ -178,16 +179,12 @@ def _model_played(agent) -> bool:
 
 def frozen_model_keys(scenario) -> list[str]:
     """The model actors of a scenario that never train (`trainable: false`): they play the base model."""
-    from trainers.policy.actors import actor_key
-
     trained = set(trainable_actor_keys(scenario))
     return [actor_key(a) for a in scenario.spec.agents if _model_played(a) and actor_key(a) not in trained]
 
 
 def trainable_actor_keys(scenario) -> list[str]:
     """The actors of a scenario that train a model ('shared', or an agent's name), in agent order."""
-    from trainers.policy.actors import SCRIPTED, actor_key
-
     keys = []
     for agent in scenario.spec.agents:
         scripted = agent.policy in SCRIPTED or ":" in agent.policy
@@ -201,8 +198,6 @@ def earlier_actors(earlier: EarlierRun, scenario, base_model, grpo, lora, *, dev
     model (`base_model()`, the same train.model; checked by fingerprint), and so do frozen model agents,
     which played it in the earlier run too; full models replace it, tokenizer included. ContinualError
     when an adapter does not fit the base."""
-    from trainers.policy.actors import build_actors
-    from trainers.policy.adapters import AdapterBaseError, is_adapter_dir
     from trainers.policy.tinylm import load_policy
 
     keys = trainable_actor_keys(scenario)
@@ -232,7 +227,6 @@ class Continual:
     (`step_plan`), its held-out set (`evaluation`, `start`, `finish`) and continual.json (`mark`)."""
 
     def __init__(self, earlier: EarlierRun, settings, trainer):
-        from marl.rollout import EpisodePlayer
         from trainers.team.trainer import Arena
 
         self.earlier, self.settings = earlier, settings
@@ -272,8 +266,6 @@ class Continual:
 
     def evaluate_old(self) -> dict:
         """The held-out figures on the earlier scenario's held-out set (temperature 0), {} when it has none."""
-        from trainers.team.evaluation import evaluate_team
-
         return evaluate_team(self.player, self.eval_tasks) if self.eval_tasks else {}
 
     def state(self, old_before: dict, old_after: dict | None = None) -> dict:
@@ -286,16 +278,12 @@ class Continual:
     def mark(self, out: Path) -> None:
         """continual.json as soon as the run directory is open (before any evaluation): a run that stops
         before its first checkpoint still resumes as the continual run it is (`recorded_init_from`)."""
-        from common.files import write_text_atomically
-
         path = Path(out) / CONTINUAL_FILE
         if not path.is_file():
             write_text_atomically(path, json.dumps(self.state(None), indent=2) + "\n")
 
     def start(self, out: Path, log=print) -> dict:
         """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
-        from common.files import write_text_atomically
-
         path = Path(out) / CONTINUAL_FILE
         state = json.loads(path.read_text()) if path.is_file() else self.state(None)
         if state.get("old_before") is None:  # measured once, before the first step; a resume keeps it
@@ -308,8 +296,6 @@ class Continual:
 
     def finish(self, out: Path, state: dict, log=print) -> dict:
         """continual.json at the run's end: the old held-out set measured again, and the forgetting said."""
-        from common.files import write_text_atomically
-
         state = {**state, "old_after": self.evaluate_old()}
         write_text_atomically(Path(out) / CONTINUAL_FILE, json.dumps(state, indent=2) + "\n")
         if state["old_after"]:
@@ -324,7 +310,6 @@ def attach(earlier: EarlierRun, settings, trainer, log=print) -> Continual:
     earlier adapter (a full model's reference already is a frozen copy of its start weights, the earlier
     ones); the returned Continual plays the replay steps and the old held-out set."""
     from trainers.grpo.learner import frozen_copy
-    from trainers.policy.adapters import AdapterPolicy, opponent_model
 
     trainer.anchor_references(lambda name, model: opponent_model(model, f"earlier_{name}", frozen_copy)
                               if isinstance(model, AdapterPolicy) else None)

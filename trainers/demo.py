@@ -12,6 +12,8 @@ trainers/policy/addition_model.py.
 
 from __future__ import annotations
 
+from trainers.run import RunOptions, run_scenario
+
 SCENARIO = "addition"
 FLAGS = {"steps": "train.steps", "threads": "train.threads", "seed": "train.seed", "model": "train.model"}
 
@@ -20,8 +22,6 @@ def demo_options(overrides: list[str] = (), *, out: str = "runs/demo", resume: b
                  tracker: str | None = None, cache_dir: str | None = None, **flags):
     """The `marl run` options of the demo: the addition scenario, each flag of FLAGS (steps, threads, seed,
     model) as its --set, then the `overrides` (so an explicit --set wins)."""
-    from trainers.run import RunOptions
-
     sets = [f"{FLAGS[name]}={value}" for name, value in flags.items() if value is not None]
     return RunOptions(scenario=SCENARIO, overrides=sets + list(overrides), out=out, resume=resume, tracker=tracker,
                       cache_dir=cache_dir)
@@ -29,6 +29,4 @@ def demo_options(overrides: list[str] = (), *, out: str = "runs/demo", resume: b
 
 def run_demo(options, log=print) -> dict:
     """Run the demo (a `demo_options` RunOptions) as `marl run` runs a scenario; its summary."""
-    from trainers.run import run_scenario
-
     return run_scenario(options, log)

@@ -118,6 +118,11 @@ def text_reward(text: str) -> float:
     return sum(c.isalpha() or c == " " for c in text) / len(text) if text else 0.0
 
 
+def text_reward_score(item, candidate) -> float:
+    """`text_reward` as a scenario's `callable` scorer (called with the judged item and candidate)."""
+    return text_reward(candidate.text)
+
+
 def current_rss_bytes() -> int:
     """This process's resident set size now (VmRSS), in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -22,6 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from judges.model.local_backend import LocalBackend
+from judges.model.openai_backend import OpenAIBackend
+from judges.model.prompted import PointwiseJudge
+from judges.model.prompts import DEFAULT_RUBRIC
+from judges.model.reward_model import RewardModelJudge
 from judges.types import Candidate, Item, Judgment
 
 BACKENDS = ("openai", "local", "simulated", "reward_model")
@@ -59,16 +64,12 @@ def build_backend(config: dict[str, Any], base_dir: str | Path | None = None, cl
     """The chat backend a judge config asks for (the openai client is built only for 'openai')."""
     backend = config.get("backend", "openai")
     if backend == "openai":
-        from judges.model.openai_backend import OpenAIBackend
-
         return OpenAIBackend(client, model=config["model"], base_url=config.get("base_url"),
                              api_key_env=config.get("api_key_env") or "OPENAI_API_KEY",
                              max_concurrency=config.get("concurrency", 8), timeout_s=config.get("timeout_s", 60.0),
                              requests_per_second=config.get("requests_per_second"),
                              label=config.get("name"))  # the ledger counts its calls under the judge's name
     if backend == "local":
-        from judges.model.local_backend import LocalBackend
-
         path = Path(config["model"])
         return LocalBackend(path if path.is_absolute() or base_dir is None else Path(base_dir) / path)
     if backend == "simulated":
@@ -79,14 +80,10 @@ def build_backend(config: dict[str, Any], base_dir: str | Path | None = None, cl
 
 def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, client=None):
     """A pointwise model judge from a config dict (see the module docstring), calibrated if asked."""
-    from judges.model.prompted import PointwiseJudge
-    from judges.model.prompts import DEFAULT_RUBRIC
-
     if config.get("mode", "pointwise") != "pointwise":
         raise ValueError(f"judge {config.get('name')!r}: mode {config.get('mode')!r} compares candidates; a reward "
                          "layer scores one candidate at a time, so use mode 'pointwise' there")
     if config.get("backend") == "reward_model":  # a trained scorer, no prompt: its model is a directory
-        from judges.model.reward_model import RewardModelJudge
 
         path = Path(config["model"])
         judge = RewardModelJudge.load(path if path.is_absolute() or base_dir is None else Path(base_dir) / path,

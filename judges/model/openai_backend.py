@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import importlib
 import math
 import os
 import random
@@ -114,8 +115,6 @@ class ResponseTooLarge(Exception):
 
 def _httpx_module(openai_module: Any) -> Any:
     """The HTTP library the installed openai SDK is built on (httpx, or its fork httpx2)."""
-    import importlib
-
     client_class = openai_module.DefaultAsyncHttpxClient
     base = next(c for c in client_class.__mro__ if c.__name__ == "AsyncClient")
     return importlib.import_module(base.__module__.split(".")[0])

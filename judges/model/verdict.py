@@ -32,8 +32,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from judges.model.backend import ChatResponse
+from judges.model.backend import ChatRequest, ChatResponse
 from judges.model.prompts import DEFAULT_RUBRIC, defuse
 from judges.types import Judgment
 
@@ -245,8 +246,6 @@ def local_label_problem(model_dir, labels: Sequence[str] = POINTWISE_LABELS) -> 
     """Why a local model directory cannot be a logprobs judge over `labels` (its tokenizer splits one), or
     None; None too when the directory has no loadable tokenizer (the model checks say so). For `marl
     validate`: it reads the tokenizer only, never the weights."""
-    from pathlib import Path
-
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         return None
@@ -270,8 +269,6 @@ async def logprobs_problem(backend) -> str | None:
     """Ask `backend` one verdict-shaped token (no cache: give a backend without a ledger label) and say
     what stops the logprobs verdict: None when its reply carries logprobs, "its reply carries no logprobs"
     when it does not, or the failure ("api_error: 400: ...") when it does not answer."""
-    from judges.model.backend import ChatRequest
-
     request = ChatRequest(messages=PROBE_MESSAGES, max_tokens=1, temperature=0.0, logprobs=True,
                           top_logprobs=TOP_LOGPROBS, verdict="logprobs")
     response = await backend.complete(request)

@@ -48,6 +48,7 @@ BLOCK_REASONS = frozenset(
 
 
 def _sandbox(argv):
+    # lazy: this text is the child's first code; no module global may hold a module the candidate could reach
     import _signal, json, os, posix, resource, sys
     import types  # its import reads a traceback's frame, which the hook refuses afterwards
     config = json.loads(argv[1])
@@ -87,7 +88,7 @@ def _sandbox(argv):
 
 def _bind_pipes(os, config):
     """Moves the parent's pipes to their fixed numbers (via copies above 10, so none overwrites another)."""
-    import fcntl
+    import fcntl  # lazy: child only (see _sandbox)
     high = {name: fcntl.fcntl(config[name], fcntl.F_DUPFD_CLOEXEC, 10)
             for name in ("control_fd", "channel_fd") if config.get(name) is not None}
     for name in high:
@@ -114,7 +115,7 @@ def _kernel_layers(config, root, sys, os):
     """Applies Landlock, then seccomp; returns (names applied, {name: why it failed})."""
     layers, failures = [], {}
     try:
-        import ctypes
+        import ctypes  # lazy: child only (see _sandbox), inside the try that reports its absence
         libc = ctypes.CDLL(None, use_errno=True)
     except Exception as error:  # no ctypes: neither layer can be installed
         return layers, {"landlock": repr(error), "seccomp": repr(error)}
@@ -334,7 +335,7 @@ def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
         finally:
             _exit(BLOCKED_EXIT)
 
-    import _posixsubprocess  # keep `import subprocess` working; its fork_exec now only reports a block
+    import _posixsubprocess  # lazy: child only (see _sandbox); keep `import subprocess` working; its fork_exec now only reports a block
 
     def fork_exec(*args, **kwargs):
         _audit("_posixsubprocess.fork_exec")

@@ -58,7 +58,7 @@ LAYER_NAMES = ("landlock", "seccomp")
 def seccomp_program() -> tuple[bytes | None, str]:
     """(the compiled BPF program, "") or (None, why it is unavailable). Cached per process."""
     try:
-        import pyseccomp as seccomp
+        import pyseccomp as seccomp  # lazy: libseccomp may be missing; the reason is returned, not raised
     except (ImportError, OSError, AttributeError, TypeError) as error:  # no libseccomp.so on this machine
         return None, f"pyseccomp/libseccomp cannot be loaded ({type(error).__name__}: {error})"
     try:
@@ -103,7 +103,7 @@ def landlock_support() -> tuple[int, str]:
     if not sys.platform.startswith("linux"):
         return 0, "Landlock is a Linux security module"
     try:
-        import landlock
+        import landlock  # lazy: the package may be missing; the reason is returned, not raised
         return int(landlock.landlock_abi_version()), ""
     except ImportError as error:
         return 0, f"the landlock package is not installed ({error})"
@@ -113,7 +113,7 @@ def landlock_support() -> tuple[int, str]:
 
 def landlock_masks(abi: int) -> dict[str, int]:
     """The rights the child's ruleset handles and grants, from the `landlock` package's definitions."""
-    from landlock import FSAccess as access
+    from landlock import FSAccess as access  # lazy: called only once landlock_support() found the package
     handled = int(access.all())
     file_rights = int(access.all_file())
     forbidden_inside = access.EXECUTE | access.MAKE_CHAR | access.MAKE_BLOCK | access.MAKE_FIFO | access.MAKE_SOCK \

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from judges.model.backend import run_sync
 from judges.stats.probes import PROBE_KINDS, Probe, build_probes
 from judges.strict_json import plain
 from judges.types import Candidate, Item
@@ -330,8 +331,6 @@ async def arun_bias_report(judge, items: Sequence[ReportItem], *, kinds: Sequenc
 
 def run_bias_report(judge, items: Sequence[ReportItem], **options) -> dict:
     """Synchronous `arun_bias_report`."""
-    from judges.model.backend import run_sync
-
     return run_sync(arun_bias_report(judge, items, **options))
 
 

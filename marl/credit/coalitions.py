@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import statistics
+from itertools import combinations
 
 from marl.rollout import ABSENT_MODES, Episode, EpisodeJob, PolicyActor, check_absent_mode, policy_player, team_reward
 from marl.types import Task
@@ -146,8 +147,6 @@ def masked_team_reward(scorer, task: Task, transcript: list[dict], tool_log, coa
 def coalitions_needed(spec, players: tuple, graph) -> list[frozenset]:
     """The coalitions an exact method will ask for, so they can be played in one batch up front
     (empty for sampled estimators, which decide their coalitions as they go)."""
-    from itertools import combinations
-
     import networkx as nx
 
     everyone = frozenset(players)

@@ -16,7 +16,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from marl.credit.coalitions import masked_team_reward
+from marl.blend import shrink_to_group_mean
+from marl.credit.coalitions import coalitions_needed, estimate_credit, masked_team_reward
 from marl.credit.exact import NonFiniteValue
 from marl.rollout import Episode, EpisodeJob, EpisodePlayer
 
@@ -28,8 +29,6 @@ def shrink_factors(episodes, group_size: int, spec) -> list[float | None]:
     spread of the group's judge scores (marl.blend.shrink_to_group_mean). Rule-decided and masked
     episodes get None. Recorded in the episode's breakdown as blend["shrink"].
     """
-    from marl.blend import shrink_to_group_mean
-
     blend = spec.rewards.blend
     if blend is None or not blend.shrink or spec.mode != "cooperative":
         return [None] * len(episodes)
@@ -85,8 +84,6 @@ class EpisodeReplays:
 
 def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     """One CreditEstimate per episode (None when its team reward is masked), from batched replays."""
-    from marl.credit.coalitions import coalitions_needed, estimate_credit
-
     players = tuple(player.scenario.agent_names)
     everyone = frozenset(players)
     needed = [c for c in coalitions_needed(credit, players, player.visibility) if c != everyone]

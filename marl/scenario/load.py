@@ -20,6 +20,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source, local_model_path
+from judges.model.reward_model import reward_model_problem
+from judges.model.verdict import local_label_problem
+from judges.rules.registry import KNOWN_KINDS, build_scorer
 from marl.scenario.graph import check_graph
 from common.imports import resolve_callable
 from marl.scenario import checks as scenario_checks
@@ -178,8 +182,6 @@ def _policy_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
 def _model_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     """train.model as a GGUF file or packaged model, and each local judge's model: found, and GGUF or a model
     directory (a GGUF conversion needs torch: at run time)."""
-    from judges.model.gguf_source import gguf_source_problem, is_gguf_source
-
     problems = []
     model = scenario.spec.train.model
     if is_gguf_source(model) and (problem := gguf_source_problem(model)) is not None:
@@ -192,8 +194,6 @@ def _model_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
 
 def _local_judge_problem(model: str, base_dir: Path) -> str | None:
     """A local judge's model: a GGUF source that is found and is GGUF, or a directory with a config.json."""
-    from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source, local_model_path
-
     path = local_model_path(model, base_dir)
     if is_gguf_source(model):
         return gguf_source_problem(path)
@@ -224,8 +224,6 @@ def _team_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, st
 
 
 def _reward_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
-    from judges.rules.registry import KNOWN_KINDS, build_scorer
-
     rewards, names = scenario.spec.rewards, scenario.agent_names
     judge_names = {judge.name for judge in scenario.spec.judges}
     problems = []
@@ -275,8 +273,6 @@ def _blend_problems(rewards, judge_names: set) -> list[tuple[tuple, str]]:
 
 
 def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[tuple, str]]:
-    from judges.model.reward_model import reward_model_problem
-
     judge = next(j for j in scenario.spec.judges if j.name == scorer.kind)
     index = scenario.spec.judges.index(judge)
     problems = []
@@ -289,8 +285,6 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
     if judge.backend == "reward_model" and (problem := reward_model_problem(scenario.base_dir / judge.model)):
         problems.append((("judges", index, "model"), problem))
     if judge.backend == "local" and judge.verdict == "logprobs":
-        from judges.model.verdict import local_label_problem
-
         if (problem := local_label_problem(scenario.base_dir / judge.model)) is not None:
             problems.append((("judges", index, "verdict"), problem))
     if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():

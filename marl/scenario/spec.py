@@ -22,13 +22,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, DEVICES,
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
 
+from marl.scenario.checks import url_problem
 from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, EngineSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
                                     ReflectionSpec, SafetySpec, SelfPlaySpec, Strict, TrackingSpec, WarmupSpec)
 
 def _http_url(url: str | None) -> str | None:
     """An endpoint URL as given, once it parses as http(s) with a host (marl.scenario.checks.url_problem)."""
-    from marl.scenario.checks import url_problem
-
     if url is not None and (problem := url_problem(url)):
         raise ValueError(problem)
     return url

@@ -18,6 +18,12 @@ import sys
 import warnings
 from contextlib import contextmanager
 
+from judges.model.ledger import format_counts
+from trainers.engine.base import EngineError
+from trainers.judging import DeadJudge, command_ledger, default_cache_path, probe_judges, resolve_local_judges
+from trainers.records.rundir import RunDirectoryError
+from trainers.run import RunError
+
 
 class UsageError(Exception):
     """Bad command-line input: printed without a traceback, exit status 2."""
@@ -54,10 +60,7 @@ def usage_errors(*kinds: type[BaseException]):
 
 def training_errors() -> tuple[type[BaseException], ...]:
     """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
-    from trainers.engine.base import EngineError
-    from trainers.run import RunError
     from trainers.records.checkpoint import CheckpointError
-    from trainers.records.rundir import RunDirectoryError
 
     return RunError, RunDirectoryError, CheckpointError, EngineError, FileNotFoundError, ValueError
 
@@ -96,8 +99,6 @@ def judge_cache_path(value: str | None, default=None):
     judge cache shared by rollout and credit (judgments are keyed by the whole request: safe to share)."""
     if value is None:
         if default is None:
-            from trainers.judging import default_cache_path
-
             return default_cache_path()
         return default
     return None if value.strip().lower() == "off" else value
@@ -107,11 +108,8 @@ def judge_cache_path(value: str | None, default=None):
 def judged(scenario, cache_path):
     """The command's judge ledger (cache at `cache_path`, health lines on stderr) after one probe per
     endpoint: a judge endpoint that is down is one line and exit 2 (UsageError) before anything plays."""
-    from trainers.judging import DeadJudge, command_ledger, probe_judges
-
     with usage_errors(DeadJudge):
         probe_judges(scenario)
-    from judges.model.ledger import format_counts
 
     with command_ledger(scenario, cache_path, log=lambda line: print(line, file=sys.stderr)) as ledger:
         yield ledger
@@ -132,7 +130,6 @@ def setup_play(file, overrides, policy_name: str, seed: int, episodes: int):
 
     if episodes < 1:
         raise ValueError(f"--episodes {episodes}: expected 1 or more")
-    from trainers.judging import resolve_local_judges
 
     scenario = load_scenario(file, overrides)
     # a local judge's GGUF model converted before the env builds its judges (LocalJudgeError: a ValueError)

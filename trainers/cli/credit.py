@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from marl.credit.coalitions import episode_credit
 from marl.options import ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, one_of
 from trainers.cli.common import add_judge_cache_argument, add_play_arguments, judge_cache_path, judged, setup_play, usage_errors
 
@@ -27,8 +28,6 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """Per-agent credit over several episodes: mean credit, its standard error, method, evaluations."""
-    from marl.credit.coalitions import episode_credit
-
     overrides = list(args.set) + [f"credit.{key}={getattr(args, key)}" for key in CREDIT_FLAGS
                                   if getattr(args, key) is not None]
     with usage_errors(ValueError, FileNotFoundError):  # a bad policy, file or --episodes: one line

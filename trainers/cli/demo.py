@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from marl.options import TRACKERS
 from trainers.cli.common import quiet_libraries, training_errors, usage_errors
+from trainers.demo import demo_options, run_demo
 
 
 def add_parser(commands) -> None:
@@ -28,8 +29,6 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """The demo's run options from the flags and --set; then `marl run` on the addition scenario."""
-    from trainers.demo import demo_options, run_demo
-
     quiet_libraries()
     options = demo_options(args.set, out=args.out, resume=args.resume, tracker=args.tracker,
                            cache_dir=args.cache_dir, steps=args.steps, threads=args.threads, seed=args.seed,

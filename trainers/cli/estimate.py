@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
+from trainers.estimate import estimate_run
+from trainers.run import RunOptions
 
 
 def add_parser(commands) -> None:
@@ -20,9 +22,6 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """Validate, probe and print the estimate; a bad scenario prints its problems and exits 2."""
-    from trainers.estimate import estimate_run
-    from trainers.run import RunOptions
-
     quiet_libraries()
     options = RunOptions(scenario=args.scenario, overrides=args.set, cache_dir=args.cache_dir)
     with usage_errors(*training_errors()):

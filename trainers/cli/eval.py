@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainers.checkpoint_eval import evaluate_checkpoint, reseat
 from trainers.cli.common import (UsageError, add_judge_cache_argument, add_scenario_arguments, judge_cache_path, judged,
                                   quiet_libraries, training_errors, usage_errors)
+from trainers.judging import CACHE_FILE, resolve_local_judges
+from trainers.records.layout import resolve_checkpoint, run_dir_of
+from trainers.team.budgets import budget_table, parse_budgets, write_budget_curve
+from trainers.team.evaluation import format_value, seating_note, write_eval_report
 
 
 def add_parser(commands) -> None:
@@ -51,11 +56,6 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Validate the scenario, load the checkpoint's models, evaluate, print a table, write the reports."""
     from marl.scenario.load import load_scenario
-    from trainers.checkpoint_eval import evaluate_checkpoint
-    from trainers.judging import CACHE_FILE
-    from trainers.records.layout import resolve_checkpoint, run_dir_of
-
-    from trainers.team.budgets import parse_budgets
 
     with usage_errors(ValueError):  # checked first: a malformed list writes nothing and loads nothing
         budgets = parse_budgets(args.budgets) if args.budgets is not None else []
@@ -67,8 +67,6 @@ def run(args) -> int:
     if args.retries < 0:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
     with usage_errors(*training_errors()):
-        from trainers.judging import resolve_local_judges
-
         scenario = resolve_local_judges(scenario, args.cache_dir)  # a local judge's GGUF model: its converted directory
         checkpoint = resolve_checkpoint(args.checkpoint)
         out = Path(args.out) if args.out else run_dir_of(checkpoint) or Path("runs") / f"{scenario.spec.name}-eval"
@@ -86,8 +84,6 @@ def run(args) -> int:
 
 
 def _write_curve(curve: dict, out: Path) -> None:
-    from trainers.team.budgets import budget_table, write_budget_curve
-
     try:
         paths = write_budget_curve(curve, out)
     except OSError as error:
@@ -98,8 +94,6 @@ def _write_curve(curve: dict, out: Path) -> None:
 
 def parse_seats(values: list[str], agents) -> dict[str, str]:
     """`--seat AGENT=OTHER` values as {agent: other}; UsageError (one line) for a malformed or unknown name."""
-    from trainers.checkpoint_eval import reseat
-
     played_by = {}
     for value in values:
         agent, sep, other = (part.strip() for part in value.partition("="))
@@ -126,8 +120,6 @@ def held_out_tasks(scenario, limit: int | None) -> list:
 
 
 def _write(result: dict, out: Path) -> tuple[Path, Path]:
-    from trainers.team.evaluation import write_eval_report
-
     try:
         return write_eval_report(result, out)
     except OSError as error:
@@ -136,8 +128,6 @@ def _write(result: dict, out: Path) -> tuple[Path, Path]:
 
 def eval_table(result: dict) -> str:
     """A short plain-text table of the metrics (and per-agent credit) for the terminal."""
-    from trainers.team.evaluation import format_value, seating_note
-
     lines = [f"{result['scenario']}: {result['tasks']} held-out tasks, temperature 0, {result['checkpoint']}"
              + seating_note(result)]
     lines += [f"  {name:<26}{format_value(value):>8}" for name, value in result["metrics"].items()]

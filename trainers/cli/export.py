@@ -27,7 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.files import write_directory_atomically
 from trainers.cli.common import UsageError, quiet_libraries, training_errors, usage_errors
+from trainers.policy.adapters import export_merged, is_adapter_dir, recorded_base_dir
+from trainers.policy.gguf_export import GGUFExportError, export_problem, write_gguf
+from trainers.records.layout import MODEL_FILES, checkpoint_models, resolve_checkpoint
 
 
 def add_parser(commands) -> None:
@@ -68,8 +72,6 @@ def run(args) -> int:
 
 def exported_models(path: Path) -> dict[str, Path]:
     """Directory name -> model or adapter directory named by PATH (module docstring)."""
-    from trainers.records.layout import MODEL_FILES, checkpoint_models, resolve_checkpoint
-
     if any((path / name).is_file() for name in MODEL_FILES):
         return {path.name: path}
     checkpoint = resolve_checkpoint(str(path))
@@ -78,9 +80,6 @@ def exported_models(path: Path) -> dict[str, Path]:
 
 def export_one(source: Path, target: Path, merge: bool, base: str | None) -> str:
     """Write one model directory to `target`; returns what was written, in words."""
-    from trainers.policy.adapters import export_merged, is_adapter_dir
-    from common.files import write_directory_atomically
-
     adapter = is_adapter_dir(source)
     if adapter and merge:
         export_merged(source, target, base)
@@ -93,8 +92,6 @@ def export_one(source: Path, target: Path, merge: bool, base: str | None) -> str
 
 def run_gguf(args) -> int:
     """`marl export PATH --gguf --out FILE.gguf|DIR`: every model of PATH as a GGUF file, each checked first."""
-    from trainers.policy.gguf_export import write_gguf
-
     with usage_errors(*training_errors()):
         models = exported_models(Path(args.path))
         targets = gguf_targets(models, Path(args.out))
@@ -130,9 +127,6 @@ def gguf_targets(models: dict[str, Path], out: Path) -> dict[str, Path]:
 
 def _check_gguf_source(source: Path, base: str | None) -> None:
     """GGUFExportError (one line) when the model, or an adapter's base, cannot be written as GGUF."""
-    from trainers.policy.adapters import is_adapter_dir, recorded_base_dir
-    from trainers.policy.gguf_export import GGUFExportError, export_problem
-
     if base is not None and not is_adapter_dir(source):
         raise UsageError(f"--base {base}: {source} is a full model, not a LoRA adapter")
     directory = (Path(base) if base is not None else recorded_base_dir(source)) if is_adapter_dir(source) else source
@@ -142,6 +136,4 @@ def _check_gguf_source(source: Path, base: str | None) -> None:
 
 def _full_model(source: Path, base: str | None, scratch: Path) -> Path:
     """`source` itself, or (a LoRA adapter) its merge into its base written under `scratch`."""
-    from trainers.policy.adapters import export_merged, is_adapter_dir
-
     return export_merged(source, scratch / "merged", base) if is_adapter_dir(source) else source

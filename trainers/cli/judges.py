@@ -31,13 +31,22 @@ import math
 import os
 import sqlite3
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from judges.model.cache import JudgeCache
+from judges.model.gguf_source import GGUFError
+from judges.model.local_backend import LocalBackend
+from judges.model.openai_backend import OpenAIBackend
+from judges.model.prompted import PairwiseJudge
+from judges.model.reward_model import RewardModelError, RewardModelJudge, reward_model_problem
 from judges.workflows import (SIM_BIASES, CalibrationError, NoLogprobsError, WorkflowError, calibrate,
                               calibration_items, read_items, report, simulated_client, write_report)
 
-from trainers.cli.common import UsageError
+from marl.scenario.checks import url_problem
+from trainers.cli.common import UsageError, quiet_libraries
+from trainers.judging import LocalJudgeError, check_local_judge_dir, local_judge_dir
 
 ITEMS_HELP = ('JSONL, one item per line: {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], '
               '"gold": 0}; gold (optional) is the index of the better candidate, or a score in [0, 1] of the first')
@@ -88,8 +97,6 @@ def check_options(args) -> None:
     if verdict == "logprobs" and args.reward_model:
         raise UsageError("--verdict logprobs: a reward model scores without a prompt or tokens to read; drop --verdict")
     if args.base_url and not args.simulated:
-        from marl.scenario.checks import url_problem
-
         if (problem := url_problem(args.base_url)) is not None:
             raise UsageError(f"--base-url {args.base_url}: {problem}")
     args.out = str(_writable_file("--out", args.out))
@@ -100,8 +107,6 @@ def check_options(args) -> None:
 
 def _open_cache(path: str):
     """The judge cache at `path`, or UsageError when the file is not a usable SQLite database."""
-    from judges.model.cache import JudgeCache
-
     try:
         return JudgeCache(path)
     except (sqlite3.Error, OSError) as error:
@@ -112,8 +117,6 @@ def _open_cache(path: str):
 def build_judge(args, items):
     """A both-orders pairwise judge over the endpoint (or the simulated judge) with an on-disk cache, or
     the reward model of --reward-model (pairwise verdicts from reward differences; no cache needed)."""
-    from judges.model.openai_backend import OpenAIBackend
-
     if args.reward_model:
         return _reward_model_judge(args.reward_model)
     if getattr(args, "local_model", None):
@@ -133,8 +136,6 @@ def build_judge(args, items):
 def pairwise_judge(backend, args):
     """The both-orders pairwise judge over `backend` in the --verdict mode; UsageError (one line) when its
     labels cannot be read (a label a local model's tokenizer splits into several tokens)."""
-    from judges.model.prompted import PairwiseJudge
-
     verdict = getattr(args, "verdict", "text")
     try:
         return PairwiseJudge(backend, logprobs=not args.no_logprobs, max_tokens=args.max_tokens, verdict=verdict)
@@ -147,8 +148,6 @@ class Progress:
     had: from the endpoint (calls), from the cache, failed. Everything else is the wrapped backend's."""
 
     def __init__(self, backend, every_s: float = 5.0, stream=None):
-        import time
-
         self.backend, self.every_s, self.stream = backend, every_s, stream
         self.answers, self._clock = 0, time.monotonic
         self._next = self._clock() + every_s
@@ -175,10 +174,6 @@ class Progress:
 
 def _reward_model_judge(directory: str):
     """The reward model of --reward-model as a pairwise judge; UsageError (one line) when it cannot be used."""
-    from judges.model.reward_model import RewardModelError, RewardModelJudge
-
-    from trainers.cli.common import quiet_libraries
-
     quiet_libraries()
     try:
         return RewardModelJudge.load(directory)
@@ -189,12 +184,6 @@ def _reward_model_judge(directory: str):
 def _local_backend(args):
     """The local model of --local-model (a directory, a .gguf file or a packaged model, converted once) as the
     judge's backend; UsageError (one line) when it cannot be used or does not fit the memory left."""
-    from judges.model.gguf_source import GGUFError
-    from judges.model.local_backend import LocalBackend
-
-    from trainers.cli.common import quiet_libraries
-    from trainers.judging import LocalJudgeError, check_local_judge_dir, local_judge_dir
-
     flag = f"--local-model {args.local_model}"
     if args.base_url or args.simulated:
         raise UsageError(f"{flag}: the judge is that local model; drop {'--base-url' if args.base_url else '--simulated'}")
@@ -304,8 +293,6 @@ def calibrate_command(args) -> int:
 def _check_reward_model(args) -> None:
     """--reward-model's directory, checked before anything is created (UsageError: one line)."""
     if getattr(args, "reward_model", None):
-        from judges.model.reward_model import reward_model_problem
-
         if (problem := reward_model_problem(args.reward_model)) is not None:
             raise UsageError(f"--reward-model {args.reward_model}: {problem}")
 

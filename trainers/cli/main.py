@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from marl.scenario.overrides import set_flag_problem
 from trainers.cli import credit, demo, estimate, export, judges, rm, rollout, run, serve, validate
 from trainers.cli import eval as evaluate  # imported under another name: `eval` is a builtin
 from trainers.cli.common import UsageError, print_problems
@@ -41,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `marl` console script: parse, run the command, turn bad input into exit 2."""
-    from marl.scenario.overrides import set_flag_problem
-
     problem = set_flag_problem(sys.argv[1:] if argv is None else argv)
     if problem is not None:  # before argparse, which would call the value a stray argument
         print(f"marl: error: {problem}", file=sys.stderr)

@@ -17,13 +17,15 @@ one line naming the problem and where, exit 2, nothing written.
 
 from __future__ import annotations
 
+from judges.model.reward_model import RewardModelError
+from marl.options import TRACKERS
 from trainers.cli.common import UsageError, quiet_libraries, usage_errors
+from trainers.policy.gguf import GGUFError, resolve_model_dir
+from trainers.reward.pairs import PairsError
 
 
 def add_parser(commands) -> None:
     """Register `marl rm train`."""
-    from marl.options import TRACKERS
-
     rm = commands.add_parser("rm", help="train reward models on preference pairs")
     rm.set_defaults(handler=run)
     sub = rm.add_subparsers(dest="rm_command", required=True)
@@ -53,11 +55,7 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """Train and print where the reward model went and its held-out accuracy."""
-    from judges.model.reward_model import RewardModelError
     from trainers.reward.bradley_terry import RewardTrainConfig, train_reward_model
-    from trainers.reward.pairs import PairsError
-
-    from trainers.policy.gguf import GGUFError, resolve_model_dir
 
     quiet_libraries()
     try:  # a .gguf file or a packaged model: its converted directory in the model cache, recorded as the base

@@ -15,8 +15,14 @@ import statistics
 
 from pathlib import Path
 
+from common.chat import check_model_dir
+from judges.model.gguf_source import is_gguf_source
+from marl.credit.coalitions import episode_credit
 from trainers.cli.common import (UsageError, add_judge_cache_argument, add_play_arguments, judge_cache_path, judged,
-                                  setup_play, usage_errors)
+                                 quiet_libraries, setup_play, usage_errors)
+from trainers.policy.actors import ModelActor
+from trainers.policy.adapters import is_adapter_dir, load_adapter_dir
+from trainers.policy.gguf import resolve_model_dir
 
 
 def add_parser(commands) -> None:
@@ -77,8 +83,6 @@ def run(args) -> int:
 def is_model_directory(policy: str) -> bool:
     """Whether --policy names a model directory: an existing folder, or a path (not 'module:function'), or a
     GGUF model (a .gguf file or a packaged model's name, converted to a directory)."""
-    from judges.model.gguf_source import is_gguf_source
-
     return is_gguf_source(policy) or (":" not in policy and (Path(policy).is_dir() or "/" in policy
                                                             or policy.startswith(".")))
 
@@ -96,15 +100,8 @@ class ModelPolicy:
         on `base`, else on the base it names)."""
         import torch
 
-        from common.chat import check_model_dir
-        from trainers.cli.common import quiet_libraries
-        from trainers.policy.actors import ModelActor
         from trainers.policy.prompts import agent_styles
         from trainers.policy.tinylm import load_policy
-
-        from trainers.policy.adapters import is_adapter_dir, load_adapter_dir
-
-        from trainers.policy.gguf import is_gguf_source, resolve_model_dir
 
         quiet_libraries()
         if is_gguf_source(directory):  # a .gguf file or a packaged model: converted once into the model cache
@@ -158,8 +155,6 @@ def print_episode(result) -> None:
 
 
 def _print_episode_credit(env, policy, task, seed) -> None:
-    from marl.credit.coalitions import episode_credit
-
     estimate, _ = episode_credit(env, policy, task, seed=seed)
     shares = ", ".join(f"{agent} {value:+.3f}±{estimate.stderr[agent]:.3f}" for agent, value in estimate.values.items())
     print(f"  credit ({estimate.method}, {estimate.n_evals} coalitions): {shares}; sum {sum(estimate.values.values()):+.3f}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from marl.options import TRACKERS
 from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
+from trainers.config import settings_help
+from trainers.run import RunOptions, run_scenario
 
 MODEL_HELP = """\
 the model: train.model is 'tiny' (the embedded default, built for the scenario on first use and cached
@@ -19,10 +22,6 @@ marl.scenario.spec.TrainSpec; `marl validate SCENARIO --set ...` checks them wit
 
 def settings_epilog(width: int = 100) -> str:
     """MODEL_HELP and one entry per train setting (key, help, default), generated from the schema."""
-    import textwrap
-
-    from trainers.config import settings_help
-
     lines = [MODEL_HELP, ""]
     for key, text in settings_help():
         lines.append(f"  {key}")
@@ -55,8 +54,6 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     """Validate, then train; a bad scenario prints its problems and exits 2 before any model is built."""
-    from trainers.run import RunOptions, run_scenario
-
     quiet_libraries()
     overrides = args.set + ([f"train.backend={args.backend}"] if args.backend else [])
     options = RunOptions(scenario=args.scenario, overrides=overrides, out=args.out, resume=args.resume,

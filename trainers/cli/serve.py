@@ -16,6 +16,10 @@ import tempfile
 from pathlib import Path
 
 from trainers.cli.common import UsageError, quiet_libraries
+from trainers.engine.server import ModelLoadError, check_port, serve
+from trainers.policy.adapters import export_merged, is_adapter_dir
+from trainers.policy.gguf import is_gguf_source, resolve_model_dir
+from trainers.policy.memory import check_model_fits
 
 
 def add_parser(commands) -> None:
@@ -41,9 +45,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
-    from trainers.engine.server import ModelLoadError, check_port, serve
     from trainers.policy.loading import placement
-    from trainers.policy.memory import check_model_fits
 
     # SIGTERM (a service manager, `kill`) unwinds like Ctrl-C, so the merged copy below is removed too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -64,9 +66,6 @@ def run(args) -> int:
 
 def servable_dir(model_dir: str, base: str | None, scratch: Path) -> str:
     """`model_dir` itself, or (a LoRA adapter) its merge into its base written under `scratch`."""
-    from trainers.policy.adapters import export_merged, is_adapter_dir
-    from trainers.policy.gguf import is_gguf_source, resolve_model_dir
-
     if is_gguf_source(model_dir):  # a .gguf file or a packaged model: its converted directory in the model cache
         if base is not None:
             raise UsageError(f"--base {base}: only for a LoRA adapter directory, and {model_dir} is a GGUF model")

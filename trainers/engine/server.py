@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from judges.model.local_backend import LocalModel, RequestError
+from trainers.engine.serving import CompletionService
 
 
 MAX_BODY_BYTES = 32 * 2 ** 20  # a request body larger than this is refused before it is read
@@ -174,7 +175,6 @@ def make_http_server(model_dir: str | Path, host: str = "127.0.0.1", port: int =
     except BaseException:
         httpd.server_close()
         raise
-    from trainers.engine.serving import CompletionService
 
     httpd.local_model = holder["model"]
     holder["service"] = httpd.service = CompletionService(holder["model"], model_dir, enable_lora=enable_lora)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from judges.model.local_backend import BatchQueue, RequestError, checked_number, settle
+from trainers.policy.adapters import AdapterBase, AdapterBaseError
 
 MAX_PROMPTS = 256  # prompts x n in one request
 MAX_BATCH_ROWS = 64  # completions decoded in one sample_completions call (waiting requests are chunked)
@@ -94,7 +95,6 @@ class CompletionService:
         if not (directory / "adapter_model.safetensors").is_file():
             raise _bad(f"lora_path {directory}: no adapter_model.safetensors (only safetensors weights are "
                        "loaded, never a pickle)")
-        from trainers.policy.adapters import AdapterBase, AdapterBaseError
 
         with self.local.lock:  # loading changes the model every request runs on; names are checked under it too
             if name in self.names or name == self.local.name:

@@ -1,13 +1,13 @@
-"""The single-policy GRPO core (CleanRL style: read `trainer.py` top to bottom).
+"""The single-policy GRPO core: config, objective, learner and guards. The training step that uses it, read
+top to bottom CleanRL style, is trainers/team/trainer.py (one trainer for one agent or a team).
 
     config.py      GRPOConfig: every knob, one typed config (a scenario's `train` section sets it)
     objective.py   group advantages and the clipped policy loss, pure tensor functions (TRL-equal)
     learner.py     one trainable policy: optimizer, lr schedule, spike guard, KL reference, the update
-    trainer.py     GRPOTrainer.step(): sample -> score -> safeguards -> advantages -> update
     safeguards.py  Self-BLEU, diversity penalty, difficulty buckets, floor reward (no torch)
-    shared.py      what both trainers (this one and the team's) share: seeding, buckets, guard tally, state
+    shared.py      the step's bookkeeping: seeding, buckets, guard tally, the core's saved state
 
-Public names (imported on first use): `GRPOConfig`, `GRPOTrainer`, `group_advantages`, `policy_loss`,
+Public names (imported on first use): `GRPOConfig`, `group_advantages`, `policy_loss`,
 `zero_std_group_fraction`.
 
 May import: marl (types), trainers.policy, trainers.records.
@@ -15,7 +15,6 @@ May import: marl (types), trainers.policy, trainers.records.
 
 _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
     "GRPOConfig": "trainers.grpo.config:GRPOConfig",
-    "GRPOTrainer": "trainers.grpo.trainer:GRPOTrainer",
     "group_advantages": "trainers.grpo.objective:group_advantages",
     "policy_loss": "trainers.grpo.objective:policy_loss",
     "zero_std_group_fraction": "trainers.grpo.objective:zero_std_group_fraction",

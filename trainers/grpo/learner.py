@@ -1,9 +1,9 @@
 """One trainable policy's side of GRPO: lr schedule, spike guard, optimizer, KL reference and the update.
 
 `PolicyLearner.update(completions, advantages)` runs `mu` clipped-surrogate updates of the model on a
-batch of sampled completions whose advantages are already known. The single-policy `GRPOTrainer`
-owns one learner; the multi-agent trainer owns one per trainable policy. Both therefore share one
-implementation of the exact batch compaction, the loss (`trainers.grpo.objective.policy_loss`) and the guards.
+batch of sampled completions whose advantages are already known. The trainer (trainers/team/trainer.py)
+owns one learner per trainable policy, so a one-agent scenario and a team share one implementation of
+the exact batch compaction, the loss (`trainers.grpo.objective.policy_loss`) and the guards.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""What the single-policy `GRPOTrainer` and the team's `MultiAgentTrainer` share, written once.
+"""The GRPO core's bookkeeping around a step's sample -> score -> update (trainers/team/trainer.py):
 
-Both trainers, top to bottom, do the same bookkeeping around their own sample -> score -> update:
 
     seed_everything(config)             threads, then Python and torch seeded (in that order)
     difficulty_buckets(tasks, config)   the curriculum sampler, one bucket draw per step
@@ -10,8 +9,8 @@ Both trainers, top to bottom, do the same bookkeeping around their own sample ->
     bucket_metrics, nanmean             shared metric pieces
     core_state / load_core_state        step, totals, config, global RNGs and sampler for exact resume
 
-None of them draws a random number the trainers did not draw before, in the order they drew it:
-a run gives the same samples, metrics and checkpoints as before these pieces were shared.
+None of them draws a random number the trainer did not draw before, in the order it drew it: a run
+gives the same samples, metrics and checkpoints as before these pieces were written here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Atomic checkpoints of a GRPOTrainer and exact resume.
+"""Atomic checkpoints of a trainer (trainers/team/trainer.py) and exact resume.
 
 Layout under a run directory:
 

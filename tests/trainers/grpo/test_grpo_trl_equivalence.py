@@ -1,4 +1,5 @@
-"""`trainers/grpo/trainer.py` against TRL 1.16's REAL, unmodified GRPOTrainer code.
+"""The GRPO objective (`trainers/grpo/objective.py`: `policy_loss`, `group_advantages`) against TRL 1.16's
+REAL, unmodified GRPOTrainer code.
 
 Three kinds of checks:
 

@@ -121,16 +121,20 @@ def test_a_moving_reference_with_init_from_is_refused(tmp_path):
     assert continual_beta(TrainSpec(beta=0.1)) == 0.1
 
 
-def test_the_single_agent_trainer_moves_its_reference_too(micro_policy):
-    from trainers.grpo.trainer import GRPOTrainer
+def test_the_one_agent_addition_scenario_moves_its_reference_too(micro_policy):
+    from marl.scenario.load import load_scenario
+    from trainers.config import resolve_config
+    from trainers.team.trainer import MultiAgentTrainer
 
+    spec = load_scenario("addition")
     model, tokenizer = micro_policy()
-    tasks = [Task(id=f"t{i}", prompt=f"{10 + i}+{20 + i}=", answer=str(30 + 2 * i)) for i in range(8)]
-    calls = iter(range(10_000))  # 0, 1, 0, 1, ...: every group has a spread whatever is sampled
-    trainer = GRPOTrainer(model, tokenizer, tasks, lambda task, text: float(next(calls) % 2),
-                          GRPOConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, lr=1e-3, beta=0.04,
-                                     ref_update_every=3))
+    actors = {"shared": ModelActor("shared", model, tokenizer, trainable=True, seed=0)}
+    config = GRPOConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, lr=1e-3, beta=0.04, ref_update_every=3)
+    trainer = MultiAgentTrainer(spec, actors, {"solver": "shared"}, spec.split()[0], resolve_config(spec, grpo=config),
+                                log=lambda *_: None)
     start = _copy(model)
     for step in range(1, 4):
-        trainer.step()
-        assert _same(_copy(trainer.reference), _copy(model) if step == 3 else start)
+        trainer.step(StepPlan(reward_transform=by_seed))  # a spread: every step updates
+        reference, now = _copy(trainer.learners["shared"].reference), _copy(model)
+        assert _same(reference, now if step == 3 else start)  # it moves at step 3, not before
+        assert step == 3 or not _same(reference, now)  # the policy did move away from it

@@ -173,15 +173,25 @@ def test_a_cuda_run_samples_the_same_tokens_from_the_same_seed(real_model_dirs):
 
 
 @needs_cuda
-def test_a_grpo_trainer_on_a_cuda_model_steps_there(micro_policy):
-    from marl.types import Task
+def test_the_addition_trainer_on_a_cuda_model_samples_and_trains_there(micro_policy):
+    from marl.scenario.load import load_scenario
+    from trainers.config import resolve_config
     from trainers.grpo.config import GRPOConfig
-    from trainers.grpo.trainer import GRPOTrainer
+    from trainers.policy.actors import ModelActor
+    from trainers.team.trainer import MultiAgentTrainer, StepPlan
+    from helpers.signal import by_seed
 
+    spec = load_scenario("addition")
     model, tokenizer = micro_policy()
     model.to("cuda")
-    tasks = [Task(id=f"t{i}", prompt=f"{i}+1=", answer=str(i + 1)) for i in range(4)]
-    trainer = GRPOTrainer(model, tokenizer, tasks, lambda task, text: float(len(text) % 2),
-                          GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=3))
-    assert trainer.generator.device.type == "cuda"
-    assert trainer.step()["train/step"] == 1
+    actors = {"shared": ModelActor("shared", model, tokenizer, trainable=True, seed=0)}
+    config = resolve_config(spec, grpo=GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=3))
+    trainer = MultiAgentTrainer(spec, actors, {"solver": "shared"}, spec.split()[0], config, log=lambda message: None)
+    assert actors["shared"].generator.device.type == "cuda"
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    metrics = trainer.step(StepPlan(reward_transform=by_seed))  # a spread: the step updates
+    assert metrics["train/step"] == 1 and metrics["policy/shared/trained_rows"] > 0
+    sampled = trainer.last_step.batch.generations["shared"][0]
+    assert {sampled.completion_ids.device.type, sampled.logprobs.device.type} == {"cuda"}
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert {p.device.type for p in model.parameters()} == {"cuda"}

@@ -1,30 +1,37 @@
-"""Atomic checkpoints and exact resume: a resumed run continues like an uninterrupted one."""
+"""Atomic checkpoints and exact resume: a resumed run continues like an uninterrupted one.
+
+The trainer is `marl demo`'s: MultiAgentTrainer on the one-agent addition scenario, its solver played by the
+micro policy; every step has a signal (`by_seed`), so every step updates the model and the optimizer.
+"""
 
 import json
 
 import pytest
 import torch
 
-from marl.types import Task
-from trainers.records.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from marl.scenario.load import load_scenario
+from trainers.config import resolve_config
 from trainers.grpo.config import GRPOConfig
-from trainers.grpo.trainer import GRPOTrainer
+from trainers.policy.actors import ModelActor
+from trainers.records.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.team.trainer import MultiAgentTrainer, StepPlan
+from helpers.signal import by_seed
 
 CONFIG = dict(prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-3, beta=0.04, buckets=2, seed=7,
               lr_schedule="cosine", steps=4)
-
-
-def _tasks():
-    return [Task(id=f"t{i}", prompt=f"{10 + i}+{20 + i}=", answer=str(30 + 2 * i)) for i in range(12)]
-
-
-def _reward(task, text):
-    return float(len(text) % 3 == 1)
+SIGNAL = StepPlan(reward_transform=by_seed)
 
 
 def _trainer(micro_policy, **overrides):
+    spec = load_scenario("addition")
     model, tokenizer = micro_policy()
-    return GRPOTrainer(model, tokenizer, _tasks(), _reward, GRPOConfig(**{**CONFIG, **overrides}))
+    actors = {"shared": ModelActor("shared", model, tokenizer, trainable=True, seed=0)}
+    config = resolve_config(spec, grpo=GRPOConfig(**{**CONFIG, **overrides}))
+    return MultiAgentTrainer(spec, actors, {"solver": "shared"}, spec.split()[0], config, log=lambda message: None)
+
+
+def _model(trainer):
+    return trainer.actors["shared"].model
 
 
 def _comparable(metrics):
@@ -33,20 +40,20 @@ def _comparable(metrics):
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(micro_policy, tmp_path):
     straight = _trainer(micro_policy)
-    reference_history = [_comparable(straight.step()) for _ in range(4)]
+    reference_history = [_comparable(straight.step(SIGNAL)) for _ in range(4)]
 
     first = _trainer(micro_policy)
-    first.step(), first.step()
+    first.step(SIGNAL), first.step(SIGNAL)
     saved = save_checkpoint(first, tmp_path)
     del first
     resumed = _trainer(micro_policy)
     load_checkpoint(resumed, latest_checkpoint(tmp_path))
     assert resumed.step_count == 2
-    resumed_history = [_comparable(resumed.step()) for _ in range(2)]
+    resumed_history = [_comparable(resumed.step(SIGNAL)) for _ in range(2)]
 
     assert saved.name == "step-000002"
     assert resumed_history == reference_history[2:]
-    for (name, a), (_, b) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+    for (name, a), (_, b) in zip(_model(straight).named_parameters(), _model(resumed).named_parameters()):
         assert torch.equal(a, b), f"{name} differs after resume"
 
 
@@ -54,7 +61,7 @@ def test_checkpoints_are_complete_pruned_and_pointed_to(micro_policy, tmp_path):
     trainer = _trainer(micro_policy)
     assert latest_checkpoint(tmp_path) is None
     for _ in range(3):
-        trainer.step()
+        trainer.step(SIGNAL)
         save_checkpoint(trainer, tmp_path)
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
     assert kept == ["step-000002", "step-000003"]
@@ -63,12 +70,12 @@ def test_checkpoints_are_complete_pruned_and_pointed_to(micro_policy, tmp_path):
     from trainers.policy.tinylm import load_policy
 
     model, _ = load_policy(latest_checkpoint(tmp_path) / "model")
-    torch.testing.assert_close(model.lm_head.weight, trainer.model.lm_head.weight, rtol=0, atol=0)
+    torch.testing.assert_close(model.lm_head.weight, _model(trainer).lm_head.weight, rtol=0, atol=0)
 
 
 def test_resuming_with_another_config_is_refused(micro_policy, tmp_path):
     trainer = _trainer(micro_policy)
-    trainer.step()
+    trainer.step(SIGNAL)
     save_checkpoint(trainer, tmp_path)
     other = _trainer(micro_policy, lr=5e-4)
     with pytest.raises(CheckpointError, match="different config.*lr"):
@@ -98,7 +105,7 @@ def _truncate(path, keep=0.5):
 def _two_checkpoints(micro_policy, tmp_path):
     trainer = _trainer(micro_policy)
     for _ in range(2):
-        trainer.step()
+        trainer.step(SIGNAL)
         save_checkpoint(trainer, tmp_path)
     return trainer
 
@@ -163,7 +170,7 @@ def test_a_damaged_latest_checkpoint_is_never_kept_as_the_final_one(micro_policy
     from trainers.policy.tinylm import load_policy
 
     model, _ = load_policy(final / "model")
-    torch.testing.assert_close(model.lm_head.weight, trainer.model.lm_head.weight, rtol=0, atol=0)
+    torch.testing.assert_close(model.lm_head.weight, _model(trainer).lm_head.weight, rtol=0, atol=0)
 
 
 def test_loading_a_damaged_checkpoint_is_one_clear_error(micro_policy, tmp_path):
