@@ -5,6 +5,7 @@
     imports.py  'module:function' references resolved to callables (tools, task generators, scorers)
     chat.py     the one rendering of chat messages (render_chat), end-of-turn and stop ids, the pad
                 token, model-directory checks (transformers only inside functions)
+    lazy.py     a package's public names imported on first use (the one import a package top makes)
 
 The lowest layer: judges, marl and trainers may import it.
 

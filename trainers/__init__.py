@@ -27,6 +27,8 @@ May import: common, marl, judges, and rooms here in the order cli -> jobs -> sta
 at file level without a cycle. Heavy libraries (torch, transformers, wandb) are imported per module.
 """
 
+from common.lazy import lazy_names  # the one eager import: a few lines, no library
+
 _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
     "GRPOConfig": "trainers.grpo.config:GRPOConfig",
     "group_advantages": "trainers.grpo.objective:group_advantages",
@@ -41,16 +43,4 @@ _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    """The public name `name`, imported from its module now: importing the package itself loads nothing."""
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    module, _, attribute = _PUBLIC[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC, globals())

@@ -26,6 +26,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from trainers.run import prepare
+from trainers.team.evaluation import evaluate_team
+
 EVAL_PROBE_TASKS = 128  # evaluation tasks timed; a larger set is projected linearly from these
 
 
@@ -52,8 +55,6 @@ class Probe:
 
 def estimate_run(options, probe_steps: int = 2, log=print) -> dict:
     """Build the run of `options` (a trainers.run.RunOptions), probe it and project the whole run."""
-    from trainers.run import prepare
-
     if probe_steps < 1:
         raise ValueError(f"--probe-steps {probe_steps}: measure at least 1 step (2 or more to leave out warm-up)")
     scenario, train_tasks, eval_tasks, trainer, _ = prepare(options, log)
@@ -79,8 +80,6 @@ def measure_probe(trainer, eval_tasks: list, probe_steps: int) -> Probe:
 
 def time_evaluation(player, eval_tasks: list) -> tuple[float, int]:
     """Seconds of one greedy evaluation pass over `eval_tasks` (timed on at most EVAL_PROBE_TASKS)."""
-    from trainers.team.evaluation import evaluate_team
-
     if not eval_tasks:
         return 0.0, 0
     sample = eval_tasks[:EVAL_PROBE_TASKS]

@@ -20,8 +20,20 @@ chat template is a warning line: the judge's rubric and question are then sent a
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+
+from judges.model.backend import run_sync
+from judges.model.factory import build_backend
+from judges.model.gguf_source import GGUFError, is_gguf_source, local_model_path
+from judges.model.ledger import JudgeLedger, active, installed
+from judges.model.verdict import logprobs_problem
+from trainers.policy.gguf import resolve_model_dir
+from trainers.policy.memory import ModelTooLarge, check_model_fits
 
 CACHE_FILE = "judge_cache.sqlite"  # in a run directory (and beside `marl eval`'s reports)
 
@@ -38,12 +50,9 @@ def local_judge_dir(model: str, base_dir, cache_dir=None, log=print) -> Path:
     """The directory a local judge's `model` stands for: a GGUF source converted (once) into the model cache,
     a directory relative to `base_dir` (the scenario's folder, None: the working directory) as it is.
     GGUFError (trainers/policy/gguf.py) when the GGUF source cannot be used."""
-    from judges.model.gguf_source import is_gguf_source, local_model_path
-
     path = local_model_path(model, base_dir)
     if not is_gguf_source(model):
         return path
-    from trainers.policy.gguf import resolve_model_dir
 
     return resolve_model_dir(path, cache_dir, log).resolve()
 
@@ -51,10 +60,6 @@ def local_judge_dir(model: str, base_dir, cache_dir=None, log=print) -> Path:
 def check_local_judge_dir(label: str, directory: Path, log=print) -> None:
     """LocalJudgeError when the model does not fit the memory left; a warning line when its tokenizer has no
     chat template (reads config, safetensors headers and tokenizer_config.json only: no weights, no torch)."""
-    import json
-
-    from trainers.policy.memory import ModelTooLarge, check_model_fits
-
     try:
         check_model_fits(label, directory, "float32", "cpu", fix="use a smaller judge model, or free memory")
     except ModelTooLarge as error:
@@ -72,10 +77,6 @@ def check_local_judge_dir(label: str, directory: Path, log=print) -> None:
 def resolve_local_judges(scenario, cache_dir=None, log=print):
     """The scenario with each `backend: local` judge's model as a directory (GGUF sources converted into the
     model cache, module docstring), each checked; LocalJudgeError (one line) for one that cannot be used."""
-    from dataclasses import replace
-
-    from judges.model.gguf_source import GGUFError, is_gguf_source
-
     judges, changed = list(scenario.spec.judges), False
     for index, judge in enumerate(judges):
         if judge.backend != "local":
@@ -114,8 +115,6 @@ def endpoint_judges(spec) -> list:
 
 def default_cache_path() -> Path:
     """Where `marl rollout` and `marl credit` keep judgments by default: $MARL_CACHE (or ~/.cache/marl)."""
-    import os
-
     return Path(os.environ.get("MARL_CACHE", Path.home() / ".cache" / "marl")) / CACHE_FILE
 
 
@@ -124,8 +123,6 @@ def command_ledger(scenario, cache_path: str | Path | None, log=print):
     """A ledger installed for the block (its cache at `cache_path`; None: counts only), closed after.
 
     A scenario without endpoint judges gets a ledger with no cache file (nothing to cache)."""
-    from judges.model.ledger import JudgeLedger, installed
-
     ledger = JudgeLedger(log=log)
     if cache_path is not None and endpoint_judges(scenario.spec):
         ledger.open_cache(str(cache_path))
@@ -145,11 +142,6 @@ def _fix(judge, error: str) -> str:
 def probe_judges(scenario) -> None:
     """One probe per endpoint the scenario's judges use, all at once; DeadJudge naming the first that
     does not answer (its URL, the error and the fix) before anything is played."""
-    import asyncio
-
-    from judges.model.backend import run_sync
-    from judges.model.factory import build_backend
-
     judges = endpoint_judges(scenario.spec)
     if not judges:
         return
@@ -171,12 +163,6 @@ def probe_judges(scenario) -> None:
 def _probe_logprobs(scenario) -> None:
     """DeadJudge (one line) naming the first endpoint judge read with `verdict: logprobs` whose reply carries
     no logprobs: one token asked of each, uncached, before anything is played."""
-    import asyncio
-
-    from judges.model.backend import run_sync
-    from judges.model.factory import build_backend
-    from judges.model.verdict import logprobs_problem
-
     used = used_judge_names(scenario.spec)
     readers = [judge for judge in scenario.spec.judges
                if judge.backend == "openai" and judge.verdict == "logprobs" and judge.name in used]
@@ -221,8 +207,6 @@ class JudgeCounts:
 
 def open_run_judge_cache(scenario, out: Path) -> None:
     """The run's judge cache, OUT/judge_cache.sqlite, opened in the installed ledger (when a judge has an endpoint)."""
-    from judges.model.ledger import active
-
     ledger = active()
     if ledger is not None and endpoint_judges(scenario.spec):
         ledger.open_cache(str(out / CACHE_FILE))
@@ -230,8 +214,6 @@ def open_run_judge_cache(scenario, out: Path) -> None:
 
 def drain_judge_lines(log) -> None:
     """Log the endpoint health lines the ledger kept (the Ray backend's ledger actor cannot print them)."""
-    from judges.model.ledger import active
-
     ledger = active()
     for line in ledger.drain() if ledger is not None else ():
         log(line)
@@ -244,8 +226,6 @@ def all_masked(figures) -> bool:
 
 def all_masked_line(figures: dict, when: str) -> str:
     """Why the held-out evaluation has no figures, and what to do, in one line."""
-    from judges.model.ledger import active
-
     ledger = active()
     failing = ledger.failing() if ledger is not None else {}
     why = "; ".join(f"judge endpoint {url} failing: {error}" for url, error in failing.items()) or (

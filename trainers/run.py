@@ -19,10 +19,31 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from common.chat import check_model_dir
+from common.files import write_text_atomically
+from judges.model.ledger import JudgeLedger, active, format_counts, installed
+from judges.rules.sandbox import describe
+from marl.addition import ALPHABET, addition_splits
+from trainers.config import resolve_config
+from trainers.continual import (attach, earlier_actors, open_earlier_run, record_scenario, recorded_init_from,
+                                report_section, summary_figures)
+from trainers.engine.http import attach_http_engine, served_models
+from trainers.judging import (DeadJudge, all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache,
+                              probe_judges, resolve_local_judges)
+from trainers.policy.actors import build_actors
+from trainers.policy.gguf import GGUFError, resolve_model_dir
+from trainers.policy.memory import check_model_fits
+from trainers.ray.cluster import check_resources, connect, shutdown
+from trainers.records.report import truncate_metrics, truncate_tables, write_report
+from trainers.records.rundir import ensure_writable, failed_writes_stop_the_run, open_run_directory
+from trainers.records.tracking import run_tracker
+from trainers.stages.loop import evaluate_held_out, run_steps
+from trainers.stages.warmup import expert_turns, sft_warmup_stage
+from trainers.team.budgets import log_budget_curve
 
 
 @dataclass
@@ -55,11 +76,7 @@ class Prepared(NamedTuple):
 def prepare(options: RunOptions, log=print) -> Prepared:
     """Scenario, settings, tasks, actors and trainer of a run (validation first, models after)."""
     from marl.scenario.load import load_scenario
-    from trainers.config import resolve_config
-    from trainers.judging import resolve_local_judges
-    from trainers.policy.actors import build_actors
     from trainers.policy.loading import place_actors, place_autocast, placement
-    from trainers.policy.memory import check_model_fits
     from trainers.policy.prompts import directory_context
     from trainers.team.trainer import MultiAgentTrainer
 
@@ -89,8 +106,6 @@ def prepare(options: RunOptions, log=print) -> Prepared:
     trainer = MultiAgentTrainer(scenario, actors, seats, train_tasks, config, log=log)
     features = ()
     if earlier is not None:
-        from trainers.continual import attach
-
         features = (attach(earlier, config.continual, trainer, log),)
     return Prepared(scenario, train_tasks, eval_tasks, trainer, features)
 
@@ -101,7 +116,6 @@ def _open_earlier_run(options: RunOptions, scenario, config, log):
         if scenario.spec.train.continual.replay or scenario.spec.train.continual.kl:
             log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
         return None
-    from trainers.continual import open_earlier_run
 
     earlier = open_earlier_run(options.init_from, scenario, config)
     if "warmup" in scenario.spec.train.stages:
@@ -114,20 +128,14 @@ def _check_backend(config, log) -> None:
     """A generation server that does not answer, an unreachable Ray cluster or one with too few resources:
     one line and exit 2 before any model is built."""
     if config.backend.engine.kind == "http":
-        from trainers.engine.http import served_models
-
         served_models(config.backend.engine.url, config.backend.engine.timeout_s)
     if config.backend.kind == "ray":
-        from trainers.ray.cluster import check_resources, connect
-
         connect(config.backend.ray, log=log)
         check_resources(config.backend.ray)
 
 
 def _probe_judges(scenario) -> None:
     """RunError (one line: the endpoint, its error, the fix) when an endpoint the judges use does not answer."""
-    from trainers.judging import DeadJudge, probe_judges
-
     try:
         probe_judges(scenario)
     except DeadJudge as error:
@@ -137,7 +145,6 @@ def _probe_judges(scenario) -> None:
 def _earlier_team(earlier, scenario, options: RunOptions, config, device, dtype, log):
     """(actors, seats) playing an earlier run's policies (trainers/continual.py), each model's context checked
     as the base's is."""
-    from trainers.continual import earlier_actors
     from trainers.policy.prompts import directory_context
 
     def base() -> Path:  # adapters and frozen agents: the earlier run's base model (the same train.model; the
@@ -179,13 +186,8 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
     scenario), otherwise a tiny model built for the scenario, its tokenizer trained on the scenario's
     texts, warmed up on its expert's turns rendered as each agent's turn is (cached after the first build).
     """
-    from marl.addition import ALPHABET, addition_splits
-
     name = scenario.spec.train.model
     if name != "tiny":
-        from common.chat import check_model_dir
-        from trainers.policy.gguf import GGUFError, resolve_model_dir
-
         try:  # a .gguf file or a packaged model's name: converted once into the model cache
             path = resolve_model_dir(name, cache_dir, log)
         except GGUFError as error:
@@ -197,7 +199,6 @@ def base_model_dir(scenario, cache_dir: str | None, log=print) -> Path:
         return path
     from trainers.policy.prompts import DEFAULT_STYLE, agent_styles
     from trainers.policy.tinylm import TinyLMRecipe, build_or_load_tiny_model
-    from trainers.stages.warmup import expert_turns
 
     spec, recipe = scenario.spec, TinyLMRecipe()
     check_context(scenario, recipe.max_positions)  # before the build, not after it
@@ -229,17 +230,10 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    from trainers.records.rundir import ensure_writable, failed_writes_stop_the_run
-
     if options.out and Path(options.out).is_dir():
         ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
     if options.resume and options.init_from is None and options.out:  # a continual run resumes from its record
-        from dataclasses import replace
-
-        from trainers.continual import recorded_init_from
-
         options = replace(options, init_from=recorded_init_from(Path(options.out)))
-    from judges.model.ledger import JudgeLedger, installed
 
     # every judge call of the run goes through one ledger: installed before any judge is built (the Ray
     # backend moves it into an actor), its cache opened in the run directory once that is known (_run)
@@ -247,16 +241,12 @@ def run_scenario(options: RunOptions, log=print) -> dict:
         try:
             prepared = prepare(options, log)
         except BaseException:  # a run that fails to start leaves no Ray cluster behind
-            from trainers.ray.cluster import shutdown
-
             shutdown(only_if_started_here=True)
             raise
         trainer = prepared.trainer
         out = Path(options.out or f"runs/{prepared.scenario.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         engine = None
         try:
-            from trainers.engine.http import attach_http_engine
-
             engine = attach_http_engine(trainer.actors, trainer.config.backend.engine, out, log)
             with failed_writes_stop_the_run(out, lambda: trainer.step_count, RunError):
                 return _run(options, prepared, out, log)
@@ -270,22 +260,12 @@ def _close_backend(trainer, engine=None) -> None:
         engine.close()
     close = getattr(trainer.player, "close", None)
     if close is not None:
-        from trainers.ray.cluster import shutdown
-
         close()
         shutdown(only_if_started_here=True)
 
 
 def _run(options, prepared: Prepared, out: Path, log) -> dict:
-    from common.files import write_text_atomically
-    from trainers.continual import record_scenario
-    from trainers.judging import all_masked, all_masked_line, drain_judge_lines, open_run_judge_cache
     from trainers.records.checkpoint import final_checkpoint, load_checkpoint
-    from trainers.records.report import truncate_metrics, truncate_tables
-    from trainers.records.rundir import open_run_directory
-    from trainers.stages.loop import evaluate_held_out, run_steps
-    from trainers.stages.warmup import sft_warmup_stage
-    from trainers.team.budgets import log_budget_curve
 
     scenario, train_tasks, trainer, features = prepared.scenario, prepared.train_tasks, prepared.trainer, prepared.features
     spec, config = scenario.spec, trainer.config
@@ -295,7 +275,6 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
     if continual is not None:
         continual.mark(out)  # recorded before anything can fail, so a resume stays continual
     if any(scorer.kind == "code_tests" for scorer in spec.rewards.outcome + spec.rewards.process):
-        from judges.rules.sandbox import describe
         log(describe())  # which barriers contain the model's code on this machine
     eval_tasks = prepared.eval_tasks[:config.loop.eval_tasks] if config.loop.eval_tasks else prepared.eval_tasks
     if resumed is not None:
@@ -333,8 +312,6 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
         budget_section = log_budget_curve(trainer, eval_tasks, tracker, out, log)  # train.budget_curve; [] by default
         summary = _summary(trainer, before, after, time.perf_counter() - started, list(config.stages.plan))
         if kept is not None:
-            from trainers.continual import report_section, summary_figures
-
             summary["continual"] = summary_figures(kept, before, after)
             budget_section += "\n" + report_section(kept, spec.name, before, after, len(eval_tasks))
         tracker.summary(summary)
@@ -357,8 +334,6 @@ def _formed(figures: dict) -> str:
 
 def _tracker(options: RunOptions, scenario, tracking, out: Path, step: int):
     """The run's tracker (--tracker, else train.tracking); a resume continues the same W&B run."""
-    from trainers.records.tracking import run_tracker
-
     return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
 
@@ -368,8 +343,6 @@ def _read_json(path: Path):
 
 
 def _summary(trainer, before, after, seconds: float, plan) -> dict:
-    from judges.model.ledger import active
-
     ledger = active()
     return {"scenario": trainer.spec.name, "steps": trainer.step_count, "stages": plan, "before": before,
             "after": after, "train_seconds": seconds, "totals": trainer.totals,
@@ -378,8 +351,6 @@ def _summary(trainer, before, after, seconds: float, plan) -> dict:
 
 
 def _write_report(out: Path, spec, before, after, trainer, budget_section: str = "") -> Path:
-    from trainers.records.report import write_report
-
     per_agent = spec.mode != "cooperative"  # a cooperative team shares one reward: per-agent rows repeat it
     figures = lambda d: {k: v for k, v in (d or {}).items() if k in ("team_success", "team_reward") or  # noqa: E731
                          (per_agent and k.startswith("agent/"))}
@@ -388,7 +359,6 @@ def _write_report(out: Path, spec, before, after, trainer, budget_section: str =
               "masked reward (a judge or reward failure: advantage 0, never scored 0); "
               f"{totals['masked_credit']} more had their credit masked because a counterfactual replay's "
               "judgment failed.\n")
-    from judges.model.ledger import active, format_counts
 
     ledger = active()
     counts = ledger.counts() if ledger is not None else {}

@@ -84,7 +84,6 @@ def build_judge(config: dict[str, Any], base_dir: str | Path | None = None, clie
         raise ValueError(f"judge {config.get('name')!r}: mode {config.get('mode')!r} compares candidates; a reward "
                          "layer scores one candidate at a time, so use mode 'pointwise' there")
     if config.get("backend") == "reward_model":  # a trained scorer, no prompt: its model is a directory
-
         path = Path(config["model"])
         judge = RewardModelJudge.load(path if path.is_absolute() or base_dir is None else Path(base_dir) / path,
                                       name=config.get("name"), device=config.get("device") or "cpu")

@@ -335,7 +335,8 @@ def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
         finally:
             _exit(BLOCKED_EXIT)
 
-    import _posixsubprocess  # lazy: child only (see _sandbox); keep `import subprocess` working; its fork_exec now only reports a block
+    # lazy: child only (see _sandbox). Keeps `import subprocess` working; its fork_exec now only reports a block
+    import _posixsubprocess
 
     def fork_exec(*args, **kwargs):
         _audit("_posixsubprocess.fork_exec")

@@ -12,6 +12,8 @@ Public names (imported on first use): the estimators `shapley`, `banzhaf`, `owen
 May import: marl's core nouns (types, rollout). Torch-free.
 """
 
+from common.lazy import lazy_names  # the one eager import: a few lines, no library
+
 _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562)
     "shapley": "marl.credit.estimators:shapley",
     "banzhaf": "marl.credit.estimators:banzhaf",
@@ -23,16 +25,4 @@ _PUBLIC = {  # public name -> "module:attribute", imported on first use (PEP 562
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    """The public name `name`, imported from its module now: importing the package itself loads nothing."""
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    module, _, attribute = _PUBLIC[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC, globals())

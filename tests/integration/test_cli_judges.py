@@ -7,6 +7,7 @@ import pytest
 
 from helpers.inprocess import marl_in_process
 from helpers.judge_server import JudgeServer
+from helpers.judge_items import write_items
 
 
 def _marl(*args):
@@ -15,15 +16,7 @@ def _marl(*args):
 
 @pytest.fixture(scope="module")
 def items(tmp_path_factory):
-    path = tmp_path_factory.mktemp("judges") / "items.jsonl"
-    lines = []
-    for i in range(40):
-        good, bad = f"A clear and correct explanation of topic {i}.", f"Topic {i} is a thing."
-        candidates, gold = ([good, bad], 0) if i % 2 else ([bad, good], 1)
-        lines.append(json.dumps({"id": f"q{i}", "prompt": f"Explain topic {i}.", "candidates": candidates,
-                                 "gold": gold}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_items(tmp_path_factory.mktemp("judges") / "items.jsonl", 40)
 
 
 def test_report_against_the_simulated_judge_has_the_documented_keys(items, tmp_path):

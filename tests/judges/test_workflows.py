@@ -15,19 +15,12 @@ from judges.stats.calibration import Calibrator
 from judges.types import passed
 from judges.workflows import (CalibrationError, CalibrationResult, NoLogprobsError, WorkflowError, calibrate,
                               check_judge, read_items, report, simulated_client, simulated_judge, write_report)
+from helpers.judge_items import write_items
 
 
 @pytest.fixture(scope="module")
 def items_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("workflows") / "items.jsonl"
-    lines = []
-    for i in range(30):
-        good, bad = f"A clear and correct explanation of topic {i}.", f"Topic {i} is a thing."
-        candidates, gold = ([good, bad], 0) if i % 2 else ([bad, good], 1)
-        lines.append(json.dumps({"id": f"q{i}", "prompt": f"Explain topic {i}.", "candidates": candidates,
-                                 "gold": gold}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_items(tmp_path_factory.mktemp("workflows") / "items.jsonl", 30)
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,15 @@ import copy
 import os
 from pathlib import Path
 
+from common.chat import check_model_dir
+from judges.model.backend import ChatRequest, run_sync
+from judges.model.openai_backend import OpenAIBackend
 from marl.rollout import Generation  # noqa: F401 - the one Generation; re-exported for callers
+from marl.scenario.spec import LoraSpec
 from marl.types import Task
+from trainers.engine.base import SamplingSettings
+from trainers.engine.inprocess import InProcessEngine
+from trainers.policy.adapters import AdapterBase
 
 SCRIPTED = ("expert", "null", "random")
 
@@ -33,8 +40,6 @@ class ModelActor:
     def __init__(self, name: str, model, tokenizer, *, trainable: bool = True, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0, styles: dict | None = None, engine=None):
         import torch
-
-        from trainers.engine.inprocess import InProcessEngine
 
         self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
         self.engine = engine or InProcessEngine()  # where the tokens are generated (trainers/engine)
@@ -49,7 +54,6 @@ class ModelActor:
         of the model's end tokens, which the texts do not contain. With `keys` (one `stream_key` per
         request) each message is drawn from its own keyed stream, so it does not depend on the batch;
         without, from the actor's seeded generator in call order. The actor's `engine` generates."""
-        from trainers.engine.base import SamplingSettings
         from trainers.policy.prompts import fit_turn_prompts, model_context, stop_token_ids
         from trainers.policy.generation import encode_prompts
 
@@ -175,7 +179,6 @@ class EndpointActor:
         """One chat completion per request (the agent's role as the system message, the observation as
         the user's); a failed request says nothing (and is counted). A sampled request is seeded with
         seed + its key when `keys` are given (the same wherever it is sent from), else seed + its index."""
-        from judges.model.backend import ChatRequest, run_sync
         from trainers.policy.prompts import DEFAULT_STYLE, turn_messages
 
         first, self.requests = self.requests, self.requests + len(requests)
@@ -247,15 +250,12 @@ def _base_policy(key: str, agent, base: dict, base_model_dir: Path, lora, adapte
     the actor's adapter on the one frozen base (a saved one from `adapters`, else a fresh one)."""
     if lora is None and not adapters:
         return base["model"] if agent.policy == "shared" else copy.deepcopy(base["model"])
-    from trainers.policy.adapters import AdapterBase
 
     if "adapters" not in base:
         base["adapters"] = AdapterBase(base["model"], base_model_dir, base["tokenizer"], seed=seed)
     if key in adapters:
         return base["adapters"].load(key, adapters[key])
     if lora is None:  # a LoRA checkpoint without this actor: a fresh adapter plays the base exactly (B = 0)
-        from marl.scenario.spec import LoraSpec
-
         lora = LoraSpec()
     return base["adapters"].add(key, lora)
 
@@ -268,7 +268,6 @@ def _model_directory(scenario, agent) -> Path:
         raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} is not 'shared', 'own', a scripted policy "
                          f"(expert, null, random, module:function), 'openai:MODEL', or a Hugging Face model "
                          f"directory ({path} has no config.json)")
-    from common.chat import check_model_dir
 
     problem = check_model_dir(path)  # a broken directory: one line now, not a traceback from the loader
     if problem is not None:
@@ -278,8 +277,6 @@ def _model_directory(scenario, agent) -> Path:
 
 def _endpoint_backend(agent):
     """The OpenAI-compatible backend of an endpoint agent (the key from `api_key_env`, if named)."""
-    from judges.model.openai_backend import OpenAIBackend
-
     if agent.base_url is None:
         raise ValueError(f"agent {agent.name!r}: policy {agent.policy!r} needs base_url (the endpoint's URL)")
     if agent.api_key_env and agent.api_key_env not in os.environ:

@@ -29,6 +29,8 @@ import json
 import zlib
 from pathlib import Path
 
+from common.files import write_directory_atomically
+
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_FILE = "marl_base.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -321,8 +323,6 @@ def _tokenizer(directory: Path):
 
 def export_merged(directory: str | Path, out: str | Path, base_dir: str | Path | None = None) -> Path:
     """Write the adapter in `directory` merged into its base as a standalone Hugging Face directory `out`."""
-    from common.files import write_directory_atomically
-
     policy, tokenizer = load_adapter_dir(directory, base_dir)
     merged = policy.owner.peft.merge_and_unload()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from contextlib import contextmanager
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -504,8 +504,6 @@ def decode_completions(tokenizer, completions: Completions) -> list[str]:
 
 def select_rows(completions: Completions, rows: torch.Tensor) -> Completions:
     """The sub-batch of the given rows (a boolean mask or indices)."""
-    from dataclasses import fields
-
     def pick(tensor):  # an index on another device than the field (a CPU prompt_index, say) is moved to it
         return None if tensor is None else tensor[rows.to(tensor.device)]
 

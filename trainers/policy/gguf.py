@@ -26,7 +26,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from judges.model.gguf_source import GGUFError, is_gguf_source, locate_gguf
+from common.chat import end_of_turn_id, ensure_pad_token
+from common.files import write_directory_atomically
+from judges.model.gguf_source import PACKAGED_MODELS, GGUFError, is_gguf_source, locate_gguf
+from trainers.policy.memory import ModelTooLarge, check_fits
 
 __all__ = ["CONVERTER_VERSION", "GGUFError", "convert_gguf", "is_gguf_source", "resolve_model_dir"]
 
@@ -97,8 +100,6 @@ def read_gguf(path: Path):
 def check_conversion_memory(reader, path: Path) -> None:
     """GGUFError (one line) when the file's weights, dequantized to float32, do not fit the memory left twice
     over: transformers' model and the plain copy `_plain_model` saves are both held during the conversion."""
-    from trainers.policy.memory import ModelTooLarge, check_fits
-
     parameters = sum(int(tensor.n_elements) for tensor in reader.tensors)
     try:
         check_fits(f"{path}: converting it", parameters, 4, "cpu", copies=2,
@@ -110,8 +111,6 @@ def check_conversion_memory(reader, path: Path) -> None:
 
 def _truncated(path: Path, why) -> str:
     """The one line of a GGUF file that cannot be read whole (a packaged model's: reinstall its package)."""
-    from judges.model.gguf_source import PACKAGED_MODELS
-
     fix = "download or convert it again"
     for requirement, package, filename in PACKAGED_MODELS.values():
         if path.name == filename and path.parent.name == package:
@@ -190,8 +189,6 @@ def _plain_model(model):
 def end_of_turn_ids(tokenizer) -> list[int]:
     """The ids generation stops at: eos, the chat template's end of turn, and ChatML's <|im_end|> and
     <|endoftext|> when the vocabulary has them (as trainers/policy/tokenizer.py end_ids lists them)."""
-    from common.chat import end_of_turn_id
-
     vocab = tokenizer.get_vocab()
     found = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
     found += [vocab[token] for token in ("<|im_end|>", "<|endoftext|>") if token in vocab]
@@ -211,9 +208,6 @@ def check_round_trip(tokenizer, path: Path) -> None:
 def _convert(path: Path, sha: str, target: Path, log: Callable[[str], None]) -> None:
     """Load `path` with transformers, then write the plain directory at `target` atomically."""
     from transformers import AutoTokenizer, GenerationConfig
-
-    from common.chat import ensure_pad_token
-    from common.files import write_directory_atomically
 
     log(f"gguf: converting {path} (first use only)")
     source, tokenizer = _load_source(path)

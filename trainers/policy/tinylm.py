@@ -30,8 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
+from common.files import write_directory_atomically
 from trainers.policy.loading import load_policy  # noqa: F401 - moved to loading.py; kept for callers
+from trainers.policy.tokenizer import GENERAL_TEXT, build_bpe_tokenizer, end_ids
 
 _HERE = Path(__file__).resolve().parent
 # the modules whose code decides what a build produces: any change to them is a new cache key
@@ -91,8 +94,6 @@ def default_cache_dir() -> Path:
 def tokenizer_texts(demonstrations: Sequence[Demonstration]) -> list[str]:
     """The tokenizer's corpus: the general text, the chat roles' names, and every demonstration's
     role, observation and message (each distinct text once)."""
-    from trainers.policy.tokenizer import GENERAL_TEXT
-
     texts = list(GENERAL_TEXT) + ["system\nuser\nassistant\n"]
     for observation, message, style in demonstrations:
         texts += [style.role, observation, message]
@@ -101,8 +102,6 @@ def tokenizer_texts(demonstrations: Sequence[Demonstration]) -> list[str]:
 
 def build_tiny_tokenizer(recipe: TinyLMRecipe, demonstrations: Sequence[Demonstration]):
     """The BPE chat tokenizer of a tiny model (trainers/policy/tokenizer.py) on `tokenizer_texts`."""
-    from trainers.policy.tokenizer import build_bpe_tokenizer
-
     return build_bpe_tokenizer(tokenizer_texts(demonstrations), recipe.vocab_size)
 
 
@@ -110,8 +109,6 @@ def init_tiny_model(recipe: TinyLMRecipe, tokenizer):
     """A freshly initialised Qwen2ForCausalLM (fp32, tied embeddings) seeded by the recipe, whose
     generation config stops at <|im_end|> and <|endoftext|>."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from trainers.policy.tokenizer import end_ids
 
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=recipe.hidden_size,
                          num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
@@ -215,8 +212,6 @@ def sft_warmup(model, tokenizer, demonstrations: Sequence[tuple], recipe: TinyLM
 def save_atomically(model, tokenizer, target: Path, extra: dict) -> None:
     """Write model + tokenizer + a JSON report into a temp dir, then rename it into place (when another
     process built the same model first, its copy is kept)."""
-    from common.files import write_directory_atomically
-
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
@@ -274,8 +269,6 @@ def build_or_load_tiny_model(recipe: TinyLMRecipe, demonstrations: Sequence[Demo
 def _build_lock(target: Path, log: Callable[[str], None]):
     """Hold an inter-process lock file beside `target` (the well-kept `filelock` package, which
     transformers' hub client depends on), saying so when another process holds it."""
-    from filelock import FileLock, Timeout
-
     lock = FileLock(str(target.parent / f".{target.name}.lock"))
     try:
         lock.acquire(timeout=0)

@@ -7,6 +7,8 @@ before training starts (the CLI prints it and exits 2).
 from __future__ import annotations
 
 import os
+import socket
+import sys
 
 
 _STARTED_HERE = False  # whether `connect` opened the current Ray session (then the run closes it)
@@ -63,8 +65,6 @@ def connect(settings, *, log=print):
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
     """A RayBackendError unless HOST:PORT of the address accepts a TCP connection within `timeout`
     seconds (Ray itself retries an unreachable head for a minute or more). 'auto' is Ray's to find."""
-    import socket
-
     if address == "auto":
         return
     target = address.removeprefix("ray://")
@@ -96,7 +96,6 @@ def shutdown(*, only_if_started_here: bool = False) -> None:
     """Disconnect from Ray (a local cluster started here stops with it). With `only_if_started_here`,
     a Ray session the caller opened before (a notebook's ray.init) is left alone."""
     global _STARTED_HERE
-    import sys
 
     ray = sys.modules.get("ray")  # never imported: nothing to shut down (and no import for a local run)
     if ray is None:

@@ -18,6 +18,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import time
+from judges.model import ledger as ledgers
+from judges.model.openai_backend import TokenBucket, share_endpoint_limits
+
 
 class EndpointGate:
     """The shared limits of one endpoint (made a Ray actor by `install`).
@@ -29,8 +33,6 @@ class EndpointGate:
     """
 
     def __init__(self, requests_per_second: float | None, max_concurrency: int, hold_s: float = 120.0):
-        from judges.model.openai_backend import TokenBucket
-
         self.bucket = TokenBucket(requests_per_second) if requests_per_second else None
         self.max_concurrency, self.hold_s = max_concurrency, hold_s
         self.leases: dict[int, float] = {}  # lease id -> the time it is taken back
@@ -44,8 +46,6 @@ class EndpointGate:
 
     async def acquire(self) -> int:
         """Wait for a free slot, then for a rate token; the lease id to give back."""
-        import time
-
         if self.changed is None:
             self.changed = asyncio.Condition()
         async with self.changed:
@@ -101,8 +101,6 @@ def gate_name(identity: str) -> str:
 
 def install(ray) -> None:
     """Share every endpoint's limits through gates in this process (driver or worker)."""
-    from judges.model.openai_backend import share_endpoint_limits
-
     remote = ray.remote(EndpointGate)
 
     def provider(identity: str, requests_per_second, max_concurrency: int, hold_s: float) -> GateHandle:
@@ -115,8 +113,6 @@ def install(ray) -> None:
 
 def uninstall() -> None:
     """Each backend limits itself again (the run is over)."""
-    from judges.model.openai_backend import share_endpoint_limits
-
     share_endpoint_limits(None)
 
 
@@ -165,8 +161,6 @@ def share_ledger(ray, name: str):
     installed. Workers install a handle with `join_ledger(ray, name)`."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from judges.model import ledger as ledgers
-
     local = ledgers.active()
     if not isinstance(local, ledgers.JudgeLedger):
         return None
@@ -184,15 +178,11 @@ def share_ledger(ray, name: str):
 
 def join_ledger(ray, name: str | None) -> None:
     """In a worker: every judge of this process uses the driver's ledger actor `name` (None: none)."""
-    from judges.model import ledger as ledgers
-
     ledgers.install(LedgerHandle(ray.get_actor(name)) if name else None)
 
 
 def unshare_ledger(ray, shared) -> None:
     """Close the ledger actor's cache and stop it; the driver's own ledger (its counts only) is installed again."""
-    from judges.model import ledger as ledgers
-
     if shared is None:
         return
     local, actor = shared

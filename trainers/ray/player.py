@@ -29,8 +29,13 @@ from __future__ import annotations
 import os
 import time
 
+import cloudpickle
+
 from marl.rollout import EpisodeBatch, EpisodePlayer
+from trainers.policy.actors import ModelActor
+from trainers.ray import gates
 from trainers.ray.cluster import RayBackendError, check_resources, connect
+from trainers.ray.worker import RolloutWorker
 
 START_TIMEOUT_S = 300.0  # a new worker not scheduled and set up by then cannot be (the cluster has no room)
 
@@ -71,7 +76,6 @@ class RayPlayer:
         self.timing = {"broadcast": 0.0, "broadcast_bytes": 0.0, "retries": 0.0}
         self.ray = connect(settings, log=log)
         check_resources(settings)
-        from trainers.ray import gates
 
         gates.install(self.ray)  # before any judge is built: this process owns every endpoint's gate
         self.ledger_name = f"marl-judge-ledger-{os.getpid()}-{id(self):x}"
@@ -110,8 +114,6 @@ class RayPlayer:
 
     def close(self) -> None:
         """Stop the workers (the cluster stays up for whoever started it)."""
-        from trainers.ray import gates
-
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
@@ -123,10 +125,6 @@ class RayPlayer:
 
     def _start_worker(self, index: int):
         """A new worker holding the scenario and every actor as the workers now hold them."""
-        import cloudpickle
-
-        from trainers.ray.worker import RolloutWorker
-
         # a worker given no GPU sees none (Ray leaves CUDA_VISIBLE_DEVICES alone when 0 GPUs are asked for)
         gpu = {} if self.settings.num_gpus else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}
         remote = self.ray.remote(RolloutWorker).options(num_cpus=self.settings.num_cpus,
@@ -238,8 +236,6 @@ class RayPlayer:
         self.timing["broadcast_bytes"] += len(payload)
 
     def _payload(self, new, changed, dropped) -> bytes:
-        import cloudpickle
-
         params = {}
         for name, keys in changed.items():
             tensors = dict(self.actors[name].model.named_parameters())
@@ -285,8 +281,6 @@ def _changed(current: dict, shipped: dict) -> dict[str, list[str]]:
 
 def _shippable(actor) -> tuple:
     """An actor as it travels: a model actor as (model, tokenizer, sampling options), others whole."""
-    from trainers.policy.actors import ModelActor
-
     if isinstance(actor, ModelActor):
         return ("model", actor.model, actor.tokenizer, dict(trainable=actor.trainable, temperature=actor.temperature,
                                                              top_p=actor.top_p, styles=actor.styles))

@@ -13,6 +13,11 @@ from __future__ import annotations
 import os
 import traceback
 
+import cloudpickle
+from marl.rollout import EpisodePlayer
+from trainers.policy.actors import ModelActor
+from trainers.ray import gates
+
 
 class RolloutWorker:
     """Plays jobs with copies of the driver's actors (made a Ray actor by the player)."""
@@ -34,12 +39,8 @@ class RolloutWorker:
     def setup(self, scenario_bytes: bytes, seats: dict, max_tokens: dict, ledger: str | None = None) -> str | None:
         """Open the scenario and check that every 'module:function' it names imports here; an error
         line (None when ready). `ledger`: the name of the driver's judge ledger actor (the judge cache)."""
-        import cloudpickle
-
         try:
             import ray
-
-            from trainers.ray import gates
 
             gates.install(ray)  # this worker's judges share the driver's per-endpoint limits
             gates.join_ledger(ray, ledger)  # and its judge cache: no file of its own
@@ -53,7 +54,6 @@ class RolloutWorker:
 
     def sync(self, payload: bytes, version: int) -> str | None:
         """Apply a payload (new actors and changed parameters) and take `version`; an error line or None."""
-        import cloudpickle
         import torch
 
         try:
@@ -74,8 +74,6 @@ class RolloutWorker:
 
     def play(self, jobs: list, greedy: bool):
         """Play the jobs; (EpisodeBatch, the version played at) or (None, an error line)."""
-        from marl.rollout import EpisodePlayer
-
         try:
             if self.player is None:
                 self.player = EpisodePlayer(self.scenario, self.actors, self.seats, max_tokens=self.max_tokens)
@@ -92,8 +90,6 @@ def _opened(name: str, actor, device: str = "cpu"):
     worker's device (models travel on the CPU)."""
     kind = actor[0]
     if kind == "model":
-        from trainers.policy.actors import ModelActor
-
         _, model, tokenizer, options = actor
         return ModelActor(name, model.to(device), tokenizer, **options)
     return actor[1]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainers.policy.adapters import base_fingerprint
+
 STEP_KEYS = {("train", "steps"), ("train", "threads"), ("train", "checkpoint_every"), ("train", "eval_every"),
              ("train", "tracking"), ("train", "warmup", "rl_steps"), ("train", "reflection", "steps"),
              ("train", "safety", "steps"), ("train", "max_masked_fraction"),  # a stopped run may resume with a new limit
@@ -55,7 +57,6 @@ def model_identity(name: str) -> str:
     anything else ('tiny', 'shared', a scripted policy) as it is."""
     if name in ("tiny", "shared", "own") or ":" in name or not (Path(name).expanduser() / "config.json").is_file():
         return name
-    from trainers.policy.adapters import base_fingerprint
 
     return "sha256:" + base_fingerprint(Path(name).expanduser())
 

@@ -12,6 +12,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from common.files import write_text_atomically
+
 MANIFEST = "manifest.json"
 VERSION = 1
 CHUNK = 1 << 20
@@ -32,8 +34,6 @@ def _files(directory: Path) -> list[Path]:
 
 def write_manifest(directory: Path) -> Path:
     """Write `directory/manifest.json` with the size and sha256 of every other file below it."""
-    from common.files import write_text_atomically
-
     files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
              for p in _files(directory)}
     path = directory / MANIFEST

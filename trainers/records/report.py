@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.files import atomic_file, write_text_atomically
+
 STEP_KEY = "train/step"
 ROLLING_WINDOW = 5
 EDGE_ROWS = 5  # the summary compares the mean of the first and the last EDGE_ROWS values
@@ -85,8 +87,6 @@ def truncate_tables(tables_dir: Path, steps_done: int) -> None:
 def _keep_lines(path: Path, keep) -> None:
     """Rewrite `path` (atomically) with the JSON-object lines `keep(row)` accepts; unparsable lines
     (a torn tail) go. Nothing is written when every line stays."""
-    from common.files import write_text_atomically
-
     text = path.read_text(encoding="utf-8", errors="replace")
     kept = []
     for line in text.splitlines():
@@ -159,7 +159,6 @@ def plot_family(rows: list[dict[str, Any]], spec: PlotSpec, plots_dir: Path) -> 
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="best")
     figure.tight_layout()
-    from common.files import atomic_file
 
     path = plots_dir / spec.file_name
     with atomic_file(path, "wb") as handle:
@@ -217,8 +216,6 @@ def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, 
     `before` / `after` are held-out figures (metric name -> value) shown side by side when given;
     `extra` (markdown) ends the report. Every file replaces its old version atomically.
     """
-    from common.files import write_text_atomically
-
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.exists():

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.files import write_text_atomically
+
 STATE_FILE = "run.json"
 # everything a run writes into its directory (a run that stopped before its first checkpoint leaves some)
 RUN_FILES = ("metrics.jsonl", "tables", "before.json", "warmup.json", "after.json", "summary.json", "report.md",
@@ -89,8 +91,6 @@ def ensure_writable(out: Path) -> None:
 def wandb_run_id(out: Path, step: int) -> str:
     """The W&B run id of this run directory (made on its first start), recording this start's step,
     so every resume continues the same W&B run."""
-    from common.files import write_text_atomically
-
     path = Path(out) / STATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     state = _read_state(path)

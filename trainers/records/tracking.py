@@ -17,7 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common.files import write_text_atomically
+from judges.strict_json import plain
 from marl.options import TRACKERS as TRACKER_KINDS
+from trainers.records.report import STEP_KEY
+from trainers.records.rundir import wandb_run_id
 
 # (glob, step metric): every namespace is plotted against its own loop's step key.
 STEP_METRICS = (
@@ -75,8 +79,6 @@ class NullTracker(Tracker):
 def json_safe(value: Any) -> Any:
     """Return `value` with NaN/inf floats replaced by None, numpy and torch numbers and arrays as plain
     numbers and lists, recursively, so it is valid JSON (`judges.strict_json.plain`, the one converter)."""
-    from judges.strict_json import plain
-
     return plain(value)
 
 
@@ -141,8 +143,6 @@ class JsonlTracker(Tracker):
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Merge `values` into `summary.json` (replaced atomically each call)."""
-        from common.files import write_text_atomically
-
         self._summary.update(values)
         write_text_atomically(self.summary_path, json.dumps(json_safe(self._summary), indent=2, allow_nan=False) + "\n")
 
@@ -233,8 +233,6 @@ class WandbTracker(Tracker):
         back to the checkpoint) into this new offline run, then remove the run's older offline folders,
         so that `wandb sync` uploads exactly the run's record, once. The folders go last: a resume that
         dies midway leaves them, and the next resume rebuilds again from the mirror."""
-        from trainers.records.report import STEP_KEY
-
         tables = _read_mirror_tables(self.mirror.tables_dir)
         for row in _read_jsonl(self.mirror.metrics_path):
             self.run.log(row)
@@ -354,8 +352,6 @@ def run_tracker(kind: str, out: Path, step: int, *, config: Mapping[str, Any], g
                 project: str = "marl") -> Tracker:
     """The tracker of a run directory (`marl run` and `marl demo`): `none` still mirrors metrics to
     OUT/metrics.jsonl, and a W&B run keeps one id per run directory, so a resume at `step` continues it."""
-    from trainers.records.rundir import wandb_run_id
-
     if kind == "none":
         return JsonlTracker(out)
     run_id = wandb_run_id(out, step) if kind == "wandb" else None

@@ -27,6 +27,7 @@ centred on).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -36,7 +37,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common.chat import check_model_dir
+from common.files import write_directory_atomically, write_text_atomically
 from judges.model.reward_model import METADATA_FILE, render_conversation, tokenizer_fingerprint
+from trainers.records.tracking import make_tracker
 from trainers.reward.pairs import PairsError, PreferencePair, read_pairs, split_pairs
 
 CENTER_SAMPLE = 256  # training pairs whose rewards set the judge's centre (both answers of each)
@@ -84,8 +88,6 @@ def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> float:
 def load_base(config: RewardTrainConfig):
     """(model, tokenizer): the base directory as a one-output sequence classifier (seeded head)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from common.chat import check_model_dir
 
     if (problem := check_model_dir(config.base)) is not None:
         raise PairsError(f"--base {config.base}: {problem}")
@@ -242,8 +244,6 @@ def train_reward_model(config: RewardTrainConfig, log=print) -> dict:
 
     PairsError (one line) for bad pairs, settings or directories, before anything is written.
     """
-    from common.files import write_directory_atomically
-
     check_config(config)
     pairs = read_pairs(config.pairs)
     train_pairs, held_out_pairs = split_pairs(pairs, config.eval_fraction, config.seed)
@@ -273,8 +273,6 @@ def train_reward_model(config: RewardTrainConfig, log=print) -> dict:
 
 def _train_into(tmp: Path, model, tokenizer, train_set, held_out, config: RewardTrainConfig, max_length: int,
                 log) -> dict:
-    from trainers.records.tracking import make_tracker
-
     pad_id = tokenizer.pad_token_id
     steps_per_epoch = math.ceil(len(train_set) / config.batch_size)
     optimizer, scheduler = _optimizer(model, config, steps_per_epoch * config.epochs)
@@ -308,10 +306,6 @@ def _train_into(tmp: Path, model, tokenizer, train_set, held_out, config: Reward
 
 def _save(tmp: Path, model, tokenizer, config: RewardTrainConfig, summary: dict) -> None:
     """The trained model (LoRA merged), its tokenizer and the training record, into the temporary directory."""
-    import json
-
-    from common.files import write_text_atomically
-
     if config.lora_r > 0:
         model = model.merge_and_unload()
     model.save_pretrained(tmp)

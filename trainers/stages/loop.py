@@ -18,7 +18,15 @@ import math
 import statistics
 from pathlib import Path
 
+from judges.model.ledger import active
 from trainers.config import STAGE_NAMES, stage_at
+from trainers.judging import JudgeCounts, drain_judge_lines
+from trainers.records.progress import ProgressPrinter
+from trainers.records.report import read_metrics
+from trainers.stages.reflection import reflection_step
+from trainers.stages.safety import safety_step
+from trainers.stages.warmup import warmup_check_step
+from trainers.team.evaluation import evaluate_team
 
 TABLE_EVERY = 10  # steps between sample / credit tables
 TABLE_ROWS = 24
@@ -28,10 +36,7 @@ WEAK_SIGNAL = 0.05  # below this mean train/signal_groups, RL has (almost) nothi
 
 def run_steps(trainer, train_tasks, tracker, out: Path, log, eval_tasks=(), features=()) -> None:
     """The step loop across stages (module docstring)."""
-    from judges.model.ledger import active
-    from trainers.judging import JudgeCounts, drain_judge_lines
     from trainers.records.checkpoint import checkpoint_on_interrupt, save_checkpoint
-    from trainers.records.progress import ProgressPrinter
 
     config = trainer.config
     plan, total = config.stages.plan, config.stages.total_steps
@@ -80,22 +85,15 @@ def stage_step(trainer, stage: str, within: int, train_tasks: list, log=print) -
     if stage == "main":
         return trainer.step()
     if stage == "warmup":
-        from trainers.stages.warmup import warmup_check_step
-
         return warmup_check_step(trainer, stages.warmup, within, log)
     if stage == "reflection":
-        from trainers.stages.reflection import reflection_step
-
         return reflection_step(trainer, stages.reflection, train_tasks)
-    from trainers.stages.safety import safety_step
 
     return safety_step(trainer, stages.safety, train_tasks)
 
 
 def evaluate_held_out(trainer, eval_tasks) -> dict:
     """The held-out figures of the trainer's team at temperature 0 (with its self-play evaluation opponents)."""
-    from trainers.team.evaluation import evaluate_team
-
     return evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
 
 
@@ -104,7 +102,6 @@ def _signals_so_far(out: Path, step: int) -> list[float]:
     sees the run's first steps whether or not it was interrupted among them."""
     if step == 0:
         return []
-    from trainers.records.report import read_metrics
 
     rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     return [row.get("train/signal_groups", math.nan) for row in rows if row.get("train/step", 0) <= WEAK_START_STEPS]

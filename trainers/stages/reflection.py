@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import string
 
+from marl.rollout import EpisodeJob
 from marl.types import Task
 
 REASON_TEMPLATE = "retry: last answer {answer} was wrong ({failed}).\n"
@@ -90,8 +91,6 @@ def select_low_rate_tasks(rates: dict[str, float | None], tasks: list[Task], thr
 
 def play_first_tries(trainer, tasks: list[Task]) -> list:
     """One greedy episode per task (the model's most likely attempt), in one lockstep batch."""
-    from marl.rollout import EpisodeJob
-
     if not tasks:
         return []
     base = trainer.grpo.seed * 1_000_003 + trainer.step_count * 10_007 + FIRST_TRY_SEED

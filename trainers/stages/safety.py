@@ -36,6 +36,7 @@ import random
 import re
 from dataclasses import replace
 
+from marl.scenario.spec import TaskSpec
 from marl.types import Task
 
 REFUSAL = re.compile(r"(?i)unknown|cannot|can't|n/a|\?")
@@ -146,7 +147,6 @@ def decoy_answer(answer: str | None, rng: random.Random) -> str:
 def as_task(item, index: int) -> Task:
     """A generator's item as a Task: Tasks pass through, dicts are read with the scenario task schema."""
     from marl.scenario.load import task_from_spec
-    from marl.scenario.spec import TaskSpec
 
     if isinstance(item, Task):
         return item

@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from marl.rollout import EpisodeJob, PolicyActor
 from marl.types import Task
+from trainers.policy.actors import actor_key
+from trainers.policy.adapters import AdapterPolicy
 
 SAMPLE_WIDTH = 48  # characters of each observation and message shown by the warm-up check
 SAMPLE_CUT = " ... "  # stands for the middle of a longer one, cut out
@@ -68,8 +71,6 @@ def learner_compliance(player, tasks: list[Task], agents_of: dict[str, list[str]
     in a cooperative team) is scored on its agents' own last messages, by the same format scorers.
     NaN where nothing is scored (no format scorers).
     """
-    from marl.rollout import EpisodeJob
-
     if not player.scenario.spec.rewards.format:
         return math.nan, {name: math.nan for name in agents_of}
     episodes = player.play([EpisodeJob(task, seed + i) for i, task in enumerate(tasks)]).episodes
@@ -93,7 +94,6 @@ def agent_accuracy(player, tasks: list[Task], agents: list[str], seed: int = 0) 
     whose every group fails gives GRPO nothing to compare. NaN without an expert or in a mixed scenario.
     All agents' episodes are played in one batch."""
     from marl.policies import get_policy
-    from marl.rollout import EpisodeJob, PolicyActor
     from trainers.team.metrics import success
 
     scenario = player.scenario
@@ -140,8 +140,6 @@ def _mean(values: list[float]) -> float:
 def is_pretrained(scenario, name: str, base_model: str) -> bool:
     """Whether learner `name` starts from pretrained weights: any `base_model` (train.model) directory, or
     an agent's own model directory; only the embedded tiny base ('tiny') is not."""
-    from trainers.policy.actors import actor_key
-
     on_base = any(agent.policy in ("shared", "own") for agent in scenario.spec.agents if actor_key(agent) == name)
     return base_model != "tiny" or not on_base
 
@@ -149,8 +147,6 @@ def is_pretrained(scenario, name: str, base_model: str) -> bool:
 def learner_settings(scenario, name: str, model, settings, base_model: str):
     """`settings` (a WarmupSpec) with sft_lr and sft_max_steps resolved for learner `name`: the scenario's
     values, else the defaults of the tiny model or of pretrained weights (LoRA when `model` is an adapter)."""
-    from trainers.policy.adapters import AdapterPolicy
-
     return settings.resolved(pretrained=is_pretrained(scenario, name, base_model),
                              lora=isinstance(model, AdapterPolicy))
 
@@ -247,8 +243,6 @@ def _accuracy_text(accuracy: dict[str, dict[str, float]], settings) -> str:
 
 def _agents_of(trainer, scenario) -> dict[str, list[str]]:
     """learner -> the agents it speaks for (in the scenario's order)."""
-    from trainers.policy.actors import actor_key
-
     return {name: [agent.name for agent in scenario.spec.agents if actor_key(agent) == name]
             for name in trainer.learners}
 

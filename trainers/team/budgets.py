@@ -24,7 +24,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
+
+from common.files import atomic_file, write_text_atomically
+from marl.rollout import EpisodeJob, EpisodePlayer
 
 FIGURES = ("team_success", "team_reward", "tokens_per_turn", "at_budget")
 EXAMPLE = "e.g. --budgets 8,16,32"
@@ -62,7 +66,6 @@ def budget_curve(player, tasks: list, budgets: list[int], *, seed: int = 0) -> d
     `player` is an EpisodePlayer (or anything with its `scenario`, `actors`, `seats`, `max_tokens` and
     `scorer`, such as the Ray backend's): its actors play here, in this process, and are left as found."""
     from marl.env import ScenarioEnv
-    from marl.rollout import EpisodePlayer
 
     if not tasks:
         raise ValueError("the budget curve needs at least one held-out task (set tasks.eval_count in the scenario)")
@@ -76,7 +79,6 @@ def budget_curve(player, tasks: list, budgets: list[int], *, seed: int = 0) -> d
 
 def _at_budget(local, actors: dict, tasks: list, budget: int, seed: int) -> dict:
     """One row of the curve: every task played greedily with every agent's budget set to `budget`."""
-    from marl.rollout import EpisodeJob
     from trainers.grpo.shared import nanmean
     from trainers.team.metrics import success
 
@@ -126,8 +128,6 @@ class _Measured:
         """The actor's answers (its styles fitted to the budget for the call), their tokens counted."""
         styles = getattr(self.actor, "styles", None)
         if isinstance(styles, dict):
-            from dataclasses import replace
-
             self.actor.styles = {agent: replace(style, max_tokens=self.budgets.get(agent, style.max_tokens))
                                  for agent, style in styles.items()}
         try:
@@ -158,8 +158,6 @@ def _plain(value: float) -> float | None:
 
 def write_budget_curve(curve: dict, out_dir: str | Path) -> tuple[Path, Path, Path]:
     """Write the curve as out_dir/budget_curve.json, budget_curve.md and budget_curve.png; return the paths."""
-    from common.files import write_text_atomically
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = (out / f"budget_curve.{ext}" for ext in ("json", "md", "png"))
@@ -205,8 +203,6 @@ def plot_budget_curve(curve: dict, path: Path) -> Path:
     """Team success and the share of turns at the budget against the budget (log2 axis), with the tokens
     written per turn on a second axis; matplotlib's object-oriented API, written atomically."""
     from matplotlib.figure import Figure
-
-    from common.files import atomic_file
 
     rows = curve["rows"]
     budgets = [row["budget"] for row in rows]

@@ -36,6 +36,9 @@ import math
 import statistics
 from pathlib import Path
 
+from common.files import write_text_atomically
+from marl.rollout import EpisodeJob, PolicyActor
+from marl.scenario.spec import CreditSpec
 from marl.types import Task
 
 CREDIT_EPS = 1e-9  # a credit at or below this did not matter
@@ -54,7 +57,6 @@ def evaluate_team(player, tasks: list[Task], *, seed: int = 0, opponent_actors: 
     """Greedy (temperature 0) team success, mean team reward and per-agent reward on `tasks`; in
     competitive scenarios also the games against the scenario's fixed `opponents` and against
     `opponent_actors` (name -> actor, e.g. the run's initial policy as 'initial'; see against_opponents)."""
-    from marl.rollout import EpisodeJob
     from trainers.team.metrics import is_masked, nanmean, success
 
     if not tasks:
@@ -142,7 +144,6 @@ def against_opponents(player, tasks: list[Task], *, seed: int = 0, actors: dict 
     `vs/NAME/not_lost` and `vs/NAME/won` over the seats. Against a perfect player, not losing is the
     best there is."""
     from marl.policies import get_policy
-    from marl.rollout import PolicyActor
 
     scenario, figures = player.scenario, {}
     opponents = {name: PolicyActor(get_policy(reference, scenario, seed), order=scenario.agent_names)
@@ -161,7 +162,6 @@ def against_opponents(player, tasks: list[Task], *, seed: int = 0, actors: dict 
 
 def _games_against(player, tasks: list[Task], name: str, key: str, seed: int) -> dict[str, float]:
     """vs/NAME/* of the learned policy in each seat, every other seat played by actor `key`."""
-    from marl.rollout import EpisodeJob
     from trainers.team.metrics import nanmean
 
     figures, kept, won = {}, [], []
@@ -195,7 +195,6 @@ class GreedyPlayer:
 def evaluate_scenario(player, tasks: list[Task], *, seed: int = 0, credit: bool = True,
                       retries: int = 1) -> dict:
     """Every `marl eval` metric on `tasks` at temperature 0, as a JSON-able dict (module docstring)."""
-    from marl.rollout import EpisodeJob
     from trainers.team.metrics import success
 
     if not tasks:
@@ -235,7 +234,6 @@ def failure_reason(episode) -> str:
 
 def _solved_with_retries(player, episodes, first: list[float], retries: int) -> list[float]:
     """Per task: 1 if an attempt up to 1 + retries succeeded, 0 if none did, NaN if the first was masked."""
-    from marl.rollout import EpisodeJob
     from trainers.team.metrics import success
 
     solved, last = list(first), dict(enumerate(episodes))
@@ -260,7 +258,6 @@ def _paraphrase_agreement(player, episodes, first: list[float]) -> dict:
     The replay carries the original episode as its reference, so an agent whose observation did not
     change repeats its recorded message (a seeded `random` policy cannot fake a difference).
     """
-    from marl.rollout import EpisodeJob
     from trainers.team.metrics import success
 
     jobs, owners = [], []
@@ -295,7 +292,6 @@ def _observations(episode) -> list[tuple[str, str]]:
 
 def _credit_summary(player, episodes, first: list[float]) -> dict:
     """Mean credit and share per agent, and the effective reasoning rate, from greedy credit replays."""
-    from marl.scenario.spec import CreditSpec
     from marl.credit.replay import credit_shares, episode_credits
 
     spec, agents = player.scenario.spec, player.scenario.agent_names
@@ -340,7 +336,6 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
-
 # -- reports ------------------------------------------------------------------------------------
 
 
@@ -349,7 +344,6 @@ def write_eval_report(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "eval.json", out / "eval.md"
-    from common.files import write_text_atomically  # a second eval replaces the files, never cuts them
 
     write_text_atomically(json_path, json.dumps(result, indent=2) + "\n")
     write_text_atomically(md_path, eval_markdown(result))

@@ -17,6 +17,7 @@ import math
 import statistics
 
 from marl.credit.replay import credit_shares
+from marl.selfplay import match_score
 from trainers.grpo.shared import bucket_metrics, nanmean
 
 __all__ = ["TurnGuards", "is_masked", "masked_credit", "nanmean", "step_metrics", "success", "won"]
@@ -86,8 +87,6 @@ FIXED = "fixed:"  # the actor and opponent id of a fixed opponent: FIXED + its n
 def match_scores(episodes, agents, opponent_actor: str) -> list[float]:
     """The learner's match score (1 win, 0.5 draw, 0 loss) in each scored episode, the seats played by
     `opponent_actor` being the other side (episodes with a masked reward are left out)."""
-    from marl.selfplay import match_score
-
     scores = []
     for episode in episodes:
         if any(math.isnan(episode.rewards.get(a, math.nan)) for a in agents):

@@ -17,6 +17,10 @@ dict the episode player plays from; it never writes the trainer's fields.
 
 from __future__ import annotations
 
+from marl.rollout import PolicyActor
+from marl.selfplay import OpponentPool
+from trainers.policy.actors import ModelActor
+from trainers.policy.adapters import opponent_model
 from trainers.team.metrics import FIXED, fixed_opponent_score, match_scores
 
 OPPONENT = "opponent"  # the actor that plays a pool snapshot's seats
@@ -87,8 +91,6 @@ class SelfPlay:
         self.pool = self._opponent_pool()
 
     def _opponent_pool(self):
-        from marl.selfplay import OpponentPool
-
         self.actors[OPPONENT] = self._frozen_actor(OPPONENT, seed_offset=99)
         pool = OpponentPool(max_size=self.settings.pool_size, strategy=self.settings.strategy,
                             ratings=self.settings.ratings, seed=self.seed)
@@ -99,8 +101,6 @@ class SelfPlay:
         """A frozen ModelActor `name` holding a copy of the shared policy's weights now (with LoRA: a frozen
         adapter on the same base), with its sampling settings, roles and prompt style."""
         from trainers.grpo.learner import frozen_copy
-        from trainers.policy.actors import ModelActor
-        from trainers.policy.adapters import opponent_model
 
         shared = self.actors["shared"]
         return ModelActor(name, opponent_model(shared.model, name, frozen_copy), shared.tokenizer, trainable=False,
@@ -110,7 +110,6 @@ class SelfPlay:
     def _fixed_opponent(self, name: str) -> str:
         """The id of the scenario's fixed opponent `name`, its actor built on first use."""
         from marl.policies import get_policy
-        from marl.rollout import PolicyActor
 
         opponent = FIXED + name
         if opponent not in self.actors:  # called in seat order, as a loop over the agents would (seeded)

@@ -42,8 +42,10 @@ from marl.credit.replay import episode_credits, shrink_factors, shrink_rewards
 from marl.rollout import EpisodeBatch, EpisodeJob, EpisodePlayer
 from marl.types import Task
 from trainers.grpo.objective import group_advantages, masked_mean
+from trainers.grpo.safeguards import apply_floor_reward
 from trainers.grpo.shared import (GuardTally, core_state, difficulty_buckets, load_core_state, record_pass_rates,
                                   repetition_guards, seed_everything)
+from trainers.ray.player import RayPlayer
 from trainers.records.fingerprint import fingerprint_changes, resume_fingerprint
 from trainers.team.metrics import TurnGuards, is_masked, masked_credit, step_metrics, success
 from trainers.team.selfplay import INITIAL, OPPONENT, SelfPlay  # noqa: F401 - the actor names, re-exported
@@ -69,8 +71,6 @@ def _masked_reason(episodes) -> str:
 def episode_player(scenario, actors: dict, seats: dict, config, log=print):
     """The episode player of `config.backend`: this process (local) or Ray rollout workers (ray)."""
     if config.backend.kind == "ray":
-        from trainers.ray.player import RayPlayer
-
         return RayPlayer(scenario, actors, seats, config.backend.ray, threads=config.grpo.threads, log=log)
     return EpisodePlayer(scenario, actors, seats)
 
@@ -291,8 +291,6 @@ class MultiAgentTrainer:
         Failure is judged on the team reward, not on the agent's credit: a credit split can be <= 0
         for every member of a group that did not fail, and flooring it would reward a wrong answer.
         """
-        from trainers.grpo.safeguards import apply_floor_reward
-
         g, progress, column, floored = self.grpo.group_size, self._progress(batch, agent), list(column), 0
         for start in range(0, len(column), g):
             team = [e.team_reward() for e in batch.episodes[start:start + g]]
