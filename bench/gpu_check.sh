@@ -5,7 +5,7 @@
 #      steps (train.stages=[main]: no warm-up), on the in-process engine, printing s/step, agent turns/s, an upper
 #      bound on generated tokens/s, and peak CUDA memory; then the same run generating through the HTTP engine
 #      against `marl serve --enable-lora` on the same GPU (its adapters published by version each step);
-#   2. bench/grpo_vs_trl.py --setting realistic on the same model: marl's GRPOTrainer against TRL 1.16's
+#   2. bench/grpo_vs_trl.py --setting realistic on the same model: marl's training step (the one trainer) against TRL 1.16's
 #      (full fine-tuning, 8 prompts x G = 8, 100-token prompts, 64 new tokens), printing s/step,
 #      completion tokens/s and peak CUDA memory (torch.cuda.max_memory_allocated) of both, and the ratio.
 # Where torch sees no CUDA device it prints one line saying so and exits 0 (nothing depends on a GPU).

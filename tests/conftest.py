@@ -45,14 +45,15 @@ def pytest_sessionfinish(session):
         os.unlink(log.name)
 
 
-def _start_order(item) -> int:
+def _start_order(item) -> tuple[int, int]:
     """0: needs no built model (runs while the demo model builds); 1: Ray (one long group, started
-    early so it is not the tail); 2: other slow tests; 3: the rest."""
+    early so it is not the tail; first the tests whose runs start their own local cluster, then those
+    that share the `ray_cluster` one, so it is started once); 2: other slow tests; 3: the rest."""
     if "demo_model_dir" not in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
-        return 0
+        return 0, 0
     if item.get_closest_marker("ray") is not None:
-        return 1
-    return 2 if item.get_closest_marker("slow") is not None else 3
+        return 1, int("ray_cluster" in getattr(item, "fixturenames", ()))
+    return (2 if item.get_closest_marker("slow") is not None else 3), 0
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,6 +72,47 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
     items.sort(key=_start_order)
+
+
+# -- one local Ray cluster for the Ray tests -------------------------------------------------------------
+_SHARED_RAY: list = []  # [ray] while the cluster `ray_cluster` started is up
+
+
+@pytest.fixture
+def ray_cluster():
+    """A local Ray cluster (this machine's CPUs, loopback only, a 128 MB object store) opened here the way a
+    caller's own `ray.init` is: the players and runs of the test find Ray initialised and use it (connect),
+    and a run leaves it up (it stops only a cluster it started). Started on first use and kept for the next
+    Ray test (they share one xdist worker): stopped after the last one (pytest_runtest_teardown), so each
+    test pays a cluster's start-up once per session, not once per run."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        from trainers.ray.cluster import _worker_environment
+
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # as trainers.ray.cluster.connect: loopback only
+        ray.init(num_cpus=os.cpu_count() or 1, object_store_memory=128 * 2 ** 20, _node_ip_address="127.0.0.1",
+                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": _worker_environment()})
+        _SHARED_RAY[:] = [ray]
+    yield ray
+
+
+@pytest.fixture
+def no_ray_session():
+    """For a test whose run starts (and stops) its own local cluster: the shared one, if up, is stopped first."""
+    _stop_shared_ray()
+
+
+def _stop_shared_ray() -> None:
+    if _SHARED_RAY:
+        _SHARED_RAY.pop().shutdown()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The shared Ray cluster stops after the last Ray test of this process (its memory and daemons are
+    not left to the tests that follow)."""
+    if _SHARED_RAY and (nextitem is None or nextitem.get_closest_marker("ray") is None):
+        _stop_shared_ray()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,11 +4,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.import_graph import cycles, import_graph, module_files
+from helpers.import_graph import cycles, heavy_modules, import_graph, lazy_imports_without_reason, module_files
 from helpers.paths import ROOT
 
 MAX_MODULES_PER_FOLDER = 15
 LAZY_NAMES = "from common.lazy import lazy_names"  # a package top may import this, and nothing else
+# Libraries an import inside a function may load lazily (issue 30: imports at the top unless heavy, or with a
+# `# lazy: why` comment); so may a project module that loads one of them at import (heavy_modules).
+HEAVY = {
+    # the model stack: torch itself, or libraries that load it or large native code (seconds)
+    "torch", "transformers", "peft", "trl", "accelerate", "datasets", "tokenizers", "safetensors", "gguf",
+    # service clients: the judge's HTTP SDK and its transport, the tracker (0.1 s to seconds, threads)
+    "openai", "httpx", "wandb",
+    # optional: the [ray], [bench] and dev extras, and psutil (not a declared dependency): modules import without them
+    "ray", "shap", "sklearn", "krippendorff", "nltk", "psutil",
+    # the scientific stack: 0.1 s (numpy) to 1 s (scipy.stats) each; judges' rules and marl's CLI paths load none
+    "numpy", "scipy", "matplotlib", "networkx", "pettingzoo", "gymnasium",
+}
 
 
 def test_the_import_graph_has_no_cycle():
@@ -23,6 +35,31 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
     (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg import a\n")
     (tmp_path / "pkg" / "c.py").write_text("from . import a\n")
     assert [sorted(cycle) for cycle in cycles(import_graph(tmp_path, ("pkg",)))] == [["pkg.a", "pkg.b"]]
+
+
+def test_an_import_inside_a_function_is_heavy_or_says_why():
+    """At the top of the module unless it loads a heavy library (itself or through a project module that loads
+    one at import) or carries a `# lazy: why` comment (a cycle it breaks, an optional dependency...)."""
+    wrong = lazy_imports_without_reason(ROOT, HEAVY)
+    assert wrong == [], "move these to the top of their module, or say why they are lazy:\n" + "\n".join(wrong)
+
+
+def test_the_lazy_import_check_finds_a_light_import_in_a_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("def __getattr__(name):\n    import importlib\n")  # a package top
+    (tmp_path / "pkg" / "light.py").write_text("import json\n")
+    (tmp_path / "pkg" / "heavy.py").write_text("import json\nimport torch\n")
+    (tmp_path / "pkg" / "through.py").write_text("from pkg.heavy import json\n")  # heavy by way of pkg.heavy
+    (tmp_path / "pkg" / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n")
+    (tmp_path / "pkg" / "use.py").write_text(
+        "def f():\n    import torch\n    from pkg import through\n    from pkg.typed import TYPE_CHECKING\n"
+        "    from . import light\n    import os\n"
+        "    # lazy: breaks the cycle use <-> light\n    from pkg.light import json\n    import sys\n"
+        "    import re  # lazy: only the --x path needs it\n")
+    assert heavy_modules(tmp_path, {"torch"}, ("pkg",)) == {"pkg.heavy", "pkg.through"}
+    assert lazy_imports_without_reason(tmp_path, {"torch"}, ("pkg",)) == [
+        "pkg/use.py:4: from pkg.typed import TYPE_CHECKING", "pkg/use.py:5: from . import light",
+        "pkg/use.py:6: import os"]
 
 
 def test_layers_point_down_only():

@@ -3,8 +3,8 @@
 1. load and validate the scenario (a bad file stops here, before any model is built);
 2. build or load the base model (the embedded tiny model, or train.model) and the actors;
 3. measure the held-out team success at temperature 0 (`before.json`);
-4. run the stages (`trainers.stages.warmup`): warm-up SFT and low-lr check, main RL, reflection, safety,
-   logging every step to the tracker (W&B offline by default, always a metrics.jsonl mirror),
+4. run the stages: warm-up SFT (`trainers.stages.warmup`), then the step loop (`trainers.stages.loop`:
+   the warm-up's low-lr check, main RL, reflection, safety, each step the trainer's), logging every step to the tracker (W&B offline by default, always a metrics.jsonl mirror),
    tables of samples and credit every `TABLE_EVERY` steps, checkpoints every train.checkpoint_every
    steps and on Ctrl-C;
 5. measure again (`after.json`), write summary.json and report.md with plots.
@@ -81,6 +81,8 @@ def prepare(options: RunOptions, log=print) -> Prepared:
     from trainers.team.trainer import MultiAgentTrainer
 
     scenario = load_scenario(options.scenario, options.overrides)
+    if options.init_from is not None:
+        scenario = _without_warmup(scenario, log)
     # the run's settings, resolved once: nothing below reads scenario.spec.train (a KL conflict of
     # --init-from is one line here, before any model is built)
     config = resolve_config(scenario, continual=options.init_from is not None)
@@ -117,11 +119,20 @@ def _open_earlier_run(options: RunOptions, scenario, config, log):
             log("train.continual is ignored: it applies to a run started with --init-from RUN_DIR")
         return None
 
-    earlier = open_earlier_run(options.init_from, scenario, config)
-    if "warmup" in scenario.spec.train.stages:
-        log("--init-from: the warm-up stage is skipped (the policy starts trained, and the KL reference is the "
-            "earlier policy)")
-    return earlier
+    return open_earlier_run(options.init_from, scenario, config)
+
+
+def _without_warmup(scenario, log):
+    """A continual run's scenario: `warmup` left out of train.stages (the policy starts trained, and a
+    warm-up would move the KL reference), said in one line when it was there. The scenario itself changes,
+    not only the plan, so the run's resume fingerprint and its W&B config say what it runs."""
+    train = scenario.spec.train
+    if "warmup" not in train.stages:
+        return scenario
+    log("--init-from: the warm-up stage is skipped (the policy starts trained, and the KL reference is the "
+        "earlier policy)")
+    train = train.model_copy(update={"stages": [stage for stage in train.stages if stage != "warmup"]})
+    return replace(scenario, spec=scenario.spec.model_copy(update={"train": train}))
 
 
 def _check_backend(config, log) -> None:

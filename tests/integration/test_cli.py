@@ -114,3 +114,19 @@ def test_resume_drops_metric_rows_past_the_checkpoint_and_a_torn_last_line(tmp_p
                     + '{"train/step": 4, "train/rew')  # the process died mid-write
     truncate_metrics(path, steps_done=2)
     assert [json.loads(line)["train/step"] for line in path.read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("command", [["demo", "--steps", "1", "--set", "tasks.eval_count=4"],
+                                     ["run", "relay", "--set", "train.steps=1", "--set", "tasks.eval_count=4"]])
+def test_a_tracker_that_cannot_start_is_one_line_and_exit_2(command, monkeypatch, tmp_path, demo_model_dir):
+    """wandb.init failing (no network, a bad key) is the user's setting to fix, not a traceback."""
+    import wandb
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("no network")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    result = marl_in_process(*command, "--out", str(tmp_path / "run"), "--tracker", "wandb")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "wandb.init failed: no network" in lines[0] and "--tracker jsonl" in lines[0]

@@ -68,6 +68,7 @@ def test_init_from_restores_the_earlier_policy_exactly_and_the_kl_to_it_is_0_at_
     assert torch.equal(restored, _logprobs(saved, ids))  # the same logprobs, bit for bit
     assert not torch.equal(restored, _logprobs(base, ids))  # and not those of the model the earlier run started from
     assert trainer.grpo.beta == 0.1 and "warmup" not in trainer.config.stages.names
+    assert "warmup" not in trainer.spec.train.stages  # the scenario says so too: resume fingerprints, W&B config
     assert trainer.step()["train/kl"] == 0.0  # the reference is the earlier policy itself
 
 

@@ -147,7 +147,8 @@ def test_an_evaluation_with_every_episode_masked_is_one_line_not_a_key_error(dem
 
 @pytest.mark.ray
 @pytest.mark.slow  # a real cluster: seconds to start
-def test_on_the_ray_backend_the_judge_cache_has_one_writer_and_a_resume_asks_nothing_twice(demo_model_dir, tmp_path):
+def test_on_the_ray_backend_the_judge_cache_has_one_writer_and_a_resume_asks_nothing_twice(demo_model_dir, tmp_path,
+                                                                                           ray_cluster):
     """Two rollout workers judge through the driver's ledger actor: one sqlite file in the run directory."""
     pytest.importorskip("ray")
     ray_settings = ["train.ray.rollout_workers=2", "train.ray.num_cpus=0.5"]

@@ -30,9 +30,17 @@ def _metrics(out: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/", "engine/"))} for row in rows]
 
 
-def test_a_ray_run_logs_what_a_local_run_logs_and_resumes_on_the_local_backend(demo_model_dir, tmp_path, capsys):
-    local, remote = tmp_path / "local", tmp_path / "ray"
+@pytest.fixture(scope="session")  # not module: the Ray tests are reordered (tests/conftest.py), this file's split
+def local_three_steps(demo_model_dir, tmp_path_factory) -> Path:
+    """A 3-step local run: what a run split across the backends must log (read by two tests, written once)."""
+    local = tmp_path_factory.mktemp("local") / "run"
     assert main(["run", "relay", *_args("train.steps=3"), "--out", str(local), "--tracker", "none"]) == 0
+    return local
+
+
+def test_a_ray_run_logs_what_a_local_run_logs_and_resumes_on_the_local_backend(local_three_steps, tmp_path, capsys,
+                                                                                 no_ray_session):
+    local, remote = local_three_steps, tmp_path / "ray"
     assert main(["run", "relay", *_args("train.steps=2"), "--out", str(remote), "--tracker", "none",
                  "--backend", "ray"]) == 0
     assert "ray: started a local cluster" in capsys.readouterr().out
@@ -59,7 +67,7 @@ def test_a_cluster_too_small_for_the_workers_is_one_line(tmp_path):
     assert "64 rollout workers x 1 CPU need 64 CPU" in line and "lower train.ray.rollout_workers" in line
 
 
-def test_lora_adapters_travel_to_the_workers_and_train_as_locally(demo_model_dir, tmp_path):
+def test_lora_adapters_travel_to_the_workers_and_train_as_locally(demo_model_dir, tmp_path, ray_cluster):
     lora = ("train.steps=2", "train.lora.r=4", "train.stages=[main]")
     local, remote = tmp_path / "local", tmp_path / "ray"
     assert main(["run", "relay", *_args(*lora), "--out", str(local), "--tracker", "none"]) == 0
@@ -120,7 +128,7 @@ def test_ctrl_c_writes_a_checkpoint_and_stops_the_workers(demo_model_dir, tmp_pa
     assert alive == []
 
 
-def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_dir):
+def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_dir, ray_cluster):
     """left: a frozen own copy; right: an OpenAI-compatible endpoint (sent to the workers, its client
     rebuilt there); final: the shared trainable model. Two steps on Ray log what two local steps log."""
     from helpers.judge_server import JudgeServer
@@ -143,16 +151,15 @@ def test_endpoint_and_frozen_agents_play_on_the_workers_as_locally(demo_model_di
             finally:
                 if backend == "ray":
                     trainer.player.close()
-                    shutdown()
+                    shutdown(only_if_started_here=True)  # as a run does: the shared cluster stays up
             results[backend] = [{k: v for k, v in row.items() if not k.startswith(("time/", "ray/", "engine/"))}
                                 for row in rows]  # engine/*: see _metrics
         assert server.requests == 2 * 2 * 8  # right speaks once in each of the 8 episodes of 2 steps, per backend
     assert results["ray"] == results["local"]
 
 
-def test_a_local_checkpoint_resumes_on_the_ray_backend(demo_model_dir, tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert main(["run", "relay", *_args("train.steps=3"), "--out", str(straight), "--tracker", "none"]) == 0
+def test_a_local_checkpoint_resumes_on_the_ray_backend(local_three_steps, tmp_path, ray_cluster):
+    straight, split = local_three_steps, tmp_path / "split"
     assert main(["run", "relay", *_args("train.steps=2"), "--out", str(split), "--tracker", "none"]) == 0
     assert main(["run", "relay", *_args("train.steps=3"), "--out", str(split), "--tracker", "none", "--resume",
                  "--backend", "ray"]) == 0

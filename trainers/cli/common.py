@@ -61,8 +61,9 @@ def usage_errors(*kinds: type[BaseException]):
 def training_errors() -> tuple[type[BaseException], ...]:
     """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
     from trainers.records.checkpoint import CheckpointError
+    from trainers.records.tracking import TrackerError
 
-    return RunError, RunDirectoryError, CheckpointError, EngineError, FileNotFoundError, ValueError
+    return RunError, RunDirectoryError, CheckpointError, EngineError, TrackerError, FileNotFoundError, ValueError
 
 
 # -- arguments shared by several commands ------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 
 
 class ProgressPrinter:
-    """Prints `step k/N | reward | zero-std groups | s/step | eta` once per step.
+    """Prints `step k/N | reward | team success | stage | s/step | eta` once per step.
 
     On a terminal the line is redrawn in place; otherwise (CI, pipes) a line is printed every
     `every` steps so logs stay short.
@@ -39,8 +39,6 @@ class ProgressPrinter:
 
     @staticmethod
     def _second_figure(metrics: dict) -> str:
-        """Team success for multi-agent runs, else the share of zero-std groups."""
-        if "train/team_success" in metrics:
-            stage = f" | {metrics['train/stage_name']}" if "train/stage_name" in metrics else ""
-            return f"team success {metrics['train/team_success']:.3f}{stage}"
-        return f"zero-std {metrics.get('train/frac_zero_std', float('nan')):.2f}"
+        """Team success, and the stage the step belongs to when the loop says."""
+        stage = f" | {metrics['train/stage_name']}" if "train/stage_name" in metrics else ""
+        return f"team success {metrics.get('train/team_success', float('nan')):.3f}{stage}"

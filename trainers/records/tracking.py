@@ -170,12 +170,16 @@ def artifact_name(name: str) -> str:
     return cleaned
 
 
+class TrackerError(RuntimeError):
+    """The tracker cannot start (wandb missing, or its run would not initialise): one line naming the fix."""
+
+
 def _import_wandb() -> Any:
     """Import wandb on demand, with an error that names the fix."""
     try:
         import wandb
     except ImportError as error:
-        raise RuntimeError(
+        raise TrackerError(
             f"--tracker wandb needs the `wandb` package ({error}); install it (pip install wandb) "
             "or use --tracker jsonl") from error
     return wandb
@@ -220,7 +224,7 @@ class WandbTracker(Tracker):
                                    group=group, job_type=job_type, mode=resolve_wandb_mode(),
                                    reinit="finish_previous", **resume)
         except Exception as error:  # wandb raises many types (UsageError, CommError, timeouts)
-            raise RuntimeError(f"wandb.init failed: {error}. Check WANDB_MODE / WANDB_API_KEY, "
+            raise TrackerError(f"wandb.init failed: {error}. Check WANDB_MODE / WANDB_API_KEY, "
                                "or use --tracker jsonl") from error
         for step_key in sorted({step for _, step in STEP_METRICS}):
             run.define_metric(step_key)

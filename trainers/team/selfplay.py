@@ -8,8 +8,8 @@ per task; each episode's result updates the snapshot's rating, and a snapshot jo
 
     opponent = selfplay.pick(rng)              None (self-play), a snapshot's pool id, or FIXED + a name
     seats = SelfPlay.seats(opponent, agents, k) the opponent's seats in the k-th task of a step against one
-    selfplay.record(episodes, opponent, step)   ratings, and a snapshot when one is due
-    selfplay.metrics(episodes, opponent)        selfplay/* of the step
+    selfplay.record(episodes, agents, opponent, step)   ratings, and a snapshot when one is due
+    selfplay.metrics(episodes, agents, opponent)        selfplay/* of the step
 
 It adds its frozen actors (the snapshot player, fixed opponents, the initial policy) to the actors
 dict the episode player plays from; it never writes the trainer's fields.

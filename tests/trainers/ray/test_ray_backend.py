@@ -29,15 +29,10 @@ RELAY = ["tasks.count=40", "tasks.eval_count=4", "credit.method=shapley"]
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the module (2 CPUs, loopback only, a small object store)."""
-    from trainers.ray.cluster import connect, shutdown
-    from marl.scenario.spec import RaySpec
-
-    connect(RaySpec(object_store_mb=128, rollout_workers=2), log=lambda message: None)
-    yield
-    shutdown()
+@pytest.fixture
+def cluster(ray_cluster):
+    """The Ray tests' one local cluster (tests/conftest.py: ray_cluster; loopback only, a small object store)."""
+    return ray_cluster
 
 
 def _trainer(micro_policy, backend: str, scenario="relay", overrides=RELAY, staleness=0):

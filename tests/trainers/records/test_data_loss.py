@@ -59,6 +59,15 @@ def _finish(process, timeout: int = 300) -> tuple[int, str]:
     return process.returncode, output
 
 
+def _here(args: list[str], capsys) -> tuple[int, str]:
+    """`main(args)` in this process (a call with no limit to set needs no fresh interpreter): its exit status
+    and what it printed, stdout then stderr."""
+    capsys.readouterr()
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
 def _drop_capabilities() -> None:
     """Empty the capability bounding set (so exec cannot give root its capabilities back), then
     capset(2) with empty sets: root then obeys file permissions like any user (a no-op for others)."""
@@ -138,7 +147,7 @@ def _limit_line(out: Path, step: int) -> str:
 
 @pytest.mark.slow
 def test_ulimit_f_mid_run_and_during_a_resume_stops_with_one_line_and_the_next_resume_loses_nothing(three_steps,
-                                                                                                     tmp_path):
+                                                                                                     tmp_path, capsys):
     out = _copy(three_steps, tmp_path)
     shutil.rmtree(out / "checkpoints" / "step-000003")  # killed after step 3 was logged, before its checkpoint
     metrics = out / "metrics.jsonl"
@@ -156,7 +165,7 @@ def test_ulimit_f_mid_run_and_during_a_resume_stops_with_one_line_and_the_next_r
     assert _error_lines(output) == [_limit_line(out, 2)]
     assert metrics.read_bytes() == torn  # the old in-place rewrite cut it here, losing rows
 
-    code, output = _finish(_marl(args))
+    code, output = _here(args, capsys)
     assert code == 0, output
     assert _steps(metrics) == [1, 2, 3]
 
@@ -165,7 +174,7 @@ def test_ulimit_f_mid_run_and_during_a_resume_stops_with_one_line_and_the_next_r
 
 @pytest.mark.slow
 def test_ulimit_f_before_the_first_checkpoint_then_the_advised_resume_starts_again_from_step_0(demo_model_dir,
-                                                                                              tmp_path):
+                                                                                              tmp_path, capsys):
     out = tmp_path / "run"
     args = ["run", "relay", *_settings("train.steps=2"), "--out", str(out), "--tracker", "none"]
     code, output = _finish(_marl(args, limit=1 << 20))  # state.pt (19 MB) cannot be written
@@ -177,14 +186,14 @@ def test_ulimit_f_before_the_first_checkpoint_then_the_advised_resume_starts_aga
     assert _steps(out / "metrics.jsonl") == [1]
     assert not [p for p in (out / "checkpoints").iterdir()]  # the half-written directory is gone
 
-    code, output = _finish(_marl(args))  # without --resume: refused, nothing appended
+    code, output = _here(args, capsys)  # without --resume: refused, nothing appended
     assert code == 2 and _error_lines(output) == [
         f"marl: error: {out} holds a run that stopped before its first checkpoint (metrics.jsonl, before.json, "
         "warmup.json, checkpoints); pass --resume to start it again from step 0 (those files are replaced) or "
         "--out NEWDIR"]
     assert _steps(out / "metrics.jsonl") == [1]
 
-    code, output = _finish(_marl(args + ["--resume"]))  # the advice works
+    code, output = _here(args + ["--resume"], capsys)  # the advice works
     assert code == 0, output
     assert (f"--resume: {out} has no checkpoint (the run stopped before its first one); starting again from step 0, "
             "replacing metrics.jsonl, before.json, warmup.json, checkpoints") in output
