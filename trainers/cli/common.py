@@ -22,6 +22,7 @@ from judges.model.ledger import format_counts
 from trainers.engine.base import EngineError
 from trainers.judging import DeadJudge, command_ledger, default_cache_path, probe_judges, resolve_local_judges
 from trainers.records.rundir import RunDirectoryError
+from trainers.records.tracking import TrackerError
 from trainers.run import RunError
 
 
@@ -61,7 +62,6 @@ def usage_errors(*kinds: type[BaseException]):
 def training_errors() -> tuple[type[BaseException], ...]:
     """The errors of a job that builds a team (bad input, not bugs): each is one line for the user."""
     from trainers.records.checkpoint import CheckpointError
-    from trainers.records.tracking import TrackerError
 
     return RunError, RunDirectoryError, CheckpointError, EngineError, TrackerError, FileNotFoundError, ValueError
 
