@@ -3,6 +3,8 @@ small random models of real architectures with a BPE tokenizer and a chat templa
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import subprocess
 import sys
@@ -43,16 +45,72 @@ def pytest_sessionfinish(session):
             sys.stderr.write(f"background build of the demo model failed:\n{log.read()[-3000:]}\n")
         log.close()
         os.unlink(log.name)
+    groups = getattr(session.config, "_xdist_groups", None)
+    for path in glob.glob(groups + ".*") if groups else ():
+        os.unlink(path)
+
+
+# -- xdist_group under pytest 9 ---------------------------------------------------------------------------
+# `--dist loadgroup` sends the tests of one `xdist_group` to one worker by a suffix pytest-xdist (3.8) writes
+# into each node id; pytest 9 keeps node ids elsewhere, so the suffix is lost and every test was its own unit
+# (the Ray tests ran on both workers, each starting its clusters). Here each worker writes the groups it
+# collected to a file the controller's scheduler reads: the same units, through xdist's public hooks.
+def pytest_configure(config):
+    if _is_xdist_controller(config) and getattr(config.option, "dist", None) == "loadgroup":
+        config._xdist_groups = os.path.join(tempfile.gettempdir(), f"marl-xdist-groups-{os.getpid()}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    if getattr(node.config, "_xdist_groups", None):
+        node.workerinput["marl_xdist_groups"] = node.config._xdist_groups
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    path = getattr(config, "_xdist_groups", None)
+    if path is None:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # units in the collection's order (pytest_collection_modifyitems)
+
+    class GroupScheduling(LoadScopeScheduling):
+        """loadgroup's units: a test alone, or every test of one xdist_group (read from the workers' file)."""
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # a group suffix xdist managed to write
+                return nodeid.split("@")[-1]
+            if self.groups is None:  # every worker has collected (and written its file) by now
+                files = sorted(glob.glob(path + ".*"))
+                with open(files[0]) as source:
+                    self.groups = json.load(source)
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def _xdist_group(item) -> str | None:
+    """The item's xdist group (several marks: their names joined, as pytest-xdist does), or None."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    return "_".join(names) or None
 
 
 def _start_order(item) -> tuple[int, int]:
     """0: needs no built model (runs while the demo model builds); 1: Ray (one long group, started
-    early so it is not the tail; first the tests whose runs start their own local cluster, then those
-    that share the `ray_cluster` one, so it is started once); 2: other slow tests; 3: the rest."""
-    if "demo_model_dir" not in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+    early so it is not the tail); 2: other slow tests; 3: the rest.
+
+    Within Ray: 0, no model and no cluster in this process (subprocesses); 1, the micro model on the shared
+    `ray_cluster`; 2, the demo model on it; 3, runs that start their own local cluster (the shared one is
+    stopped first): the shared cluster starts once and the demo model has had the longest to build."""
+    names = getattr(item, "fixturenames", ())
+    if "demo_model_dir" not in names and item.get_closest_marker("slow") is None:
         return 0, 0
     if item.get_closest_marker("ray") is not None:
-        return 1, int("ray_cluster" in getattr(item, "fixturenames", ()))
+        shared, demo = "ray_cluster" in names, "demo_model_dir" in names
+        return 1, (2 if shared else 3) if demo else int(shared)
     return (2 if item.get_closest_marker("slow") is not None else 3), 0
 
 
@@ -71,7 +129,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
-    items.sort(key=_start_order)
+    # a group is one unit, sent where its first test stands: it takes the part of its latest-starting test
+    order = {item.nodeid: _start_order(item) for item in items}
+    part: dict[str, int] = {}
+    for item in items:
+        if (group := _xdist_group(item)) is not None:
+            part[group] = max(part.get(group, 0), order[item.nodeid][0])
+    items.sort(key=lambda item: (part.get(_xdist_group(item), order[item.nodeid][0]), order[item.nodeid][1]))
+    path = getattr(config, "workerinput", {}).get("marl_xdist_groups")
+    if path:  # for the controller's scheduler (above)
+        mine = f"{path}.{config.workerinput['workerid']}"
+        with open(mine + ".part", "w") as sink:
+            json.dump({item.nodeid: group for item in items if (group := _xdist_group(item))}, sink)
+        os.replace(mine + ".part", mine)
 
 
 # -- one local Ray cluster for the Ray tests -------------------------------------------------------------
@@ -109,9 +179,9 @@ def _stop_shared_ray() -> None:
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """The shared Ray cluster stops after the last Ray test of this process (its memory and daemons are
-    not left to the tests that follow)."""
-    if _SHARED_RAY and (nextitem is None or nextitem.get_closest_marker("ray") is None):
+    """The shared Ray cluster stops after the last test that uses it (the Ray group runs those together):
+    its memory and daemons are not left to the tests that follow, nor beside a cluster another test starts."""
+    if _SHARED_RAY and (nextitem is None or "ray_cluster" not in getattr(nextitem, "fixturenames", ())):
         _stop_shared_ray()
 
 

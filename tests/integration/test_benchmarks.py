@@ -50,7 +50,9 @@ def check_ratio(output: str) -> None:
 
 
 @pytest.mark.slow  # each takes a few seconds to ~20 s (a fresh interpreter importing torch, TRL or shap)
-@pytest.mark.parametrize("path", BENCHES, ids=[path.stem for path in BENCHES])
+# ray_scaling starts a local Ray cluster: it joins the Ray tests' worker (tests/conftest.py), one cluster at a time
+@pytest.mark.parametrize("path", [pytest.param(path, marks=[pytest.mark.ray] if path.stem == "ray_scaling" else [])
+                                  for path in BENCHES], ids=[path.stem for path in BENCHES])
 def test_quick_mode_runs_and_prints_its_ratio(path, demo_model_dir):
     # demo_model_dir: the tiny model the training benches load is built (once per machine) and cached
     # by the test session, so no bench spends its seconds building it

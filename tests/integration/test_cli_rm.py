@@ -24,6 +24,10 @@ def many_pairs(count: int) -> list[dict]:
             for i in range(count)]
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so trained is built once
+pytestmark = pytest.mark.xdist_group("cli_rm")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, real_model_dirs):
     """`marl rm train` run in this process with W&B offline: (reward model dir, stdout lines)."""

@@ -34,6 +34,10 @@ def _finished_run(out: Path, *extra: str) -> Path:
     return out
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so earlier is built once
+pytestmark = pytest.mark.xdist_group("continual")
+
+
 @pytest.fixture(scope="module")
 def earlier(tmp_path_factory, demo_model_dir) -> Path:
     """A finished two-step relay run (full fine-tuning of the shared tiny model)."""

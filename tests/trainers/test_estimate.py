@@ -21,6 +21,10 @@ def _set_args(overrides: list[str]) -> list[str]:
     return [arg for item in overrides for arg in ("--set", item)]
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so relay_estimate is built once
+pytestmark = pytest.mark.xdist_group("estimate")
+
+
 @pytest.fixture(scope="module")
 def relay_estimate(tmp_path_factory, demo_model_dir):  # relay plays the demo model: ordered after its build
     """estimate_run on tiny relay settings, run from an empty working directory (returned too)."""

@@ -30,6 +30,10 @@ def _report(**biases):
     return run_bias_report(judge, _items(), per_kind=300, seed=0, judge_name="SimJudge")
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so biased and unbiased are built once
+pytestmark = pytest.mark.xdist_group("bias_report")
+
+
 @pytest.fixture(scope="module")
 def biased():
     return _report(position=0.6, length_slope=0.5, format_effect=0.8, authority=0.5, self_preference=0.7,

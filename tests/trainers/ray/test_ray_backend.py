@@ -101,7 +101,8 @@ def test_a_worker_killed_by_its_pid_mid_step_changes_nothing(cluster, micro_poli
 def test_a_worker_that_keeps_dying_is_one_clear_error(cluster, micro_policy):
     from trainers.ray.cluster import RayBackendError
 
-    remote = _trainer(micro_policy, "ray", overrides=[*RELAY, "train.ray.max_retries=0"])
+    # one worker: the one killed (a second would only add its start-up)
+    remote = _trainer(micro_policy, "ray", overrides=[*RELAY, "train.ray.max_retries=0", "train.ray.rollout_workers=1"])
     play_parts = remote.player._play_parts
 
     def kill_then_play(jobs, parts, greedy):
@@ -119,7 +120,8 @@ def test_a_worker_that_keeps_dying_is_one_clear_error(cluster, micro_policy):
 def test_staleness_one_plays_behind_and_logs_it_staleness_zero_refuses(cluster, micro_policy):
     from trainers.ray.player import StaleSampleError, check_staleness
 
-    remote = _trainer(micro_policy, "ray", staleness=1)
+    # one worker: the versions and what is held back are the player's, whatever the number of workers
+    remote = _trainer(micro_policy, "ray", overrides=[*RELAY, "train.ray.rollout_workers=1"], staleness=1)
     try:
         lags = [(m["ray/offpolicy_samples"], m["ray/staleness_max"]) for m in (remote.step() for _ in range(3))]
     finally:

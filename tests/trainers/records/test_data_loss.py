@@ -86,6 +86,10 @@ def _error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("marl: error:")]
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so three_steps is built once
+pytestmark = pytest.mark.xdist_group("data_loss")
+
+
 @pytest.fixture(scope="module")
 def three_steps(tmp_path_factory, demo_model_dir):
     """A finished 3-step relay run (checkpoints step-2 and step-3); tests copy it."""

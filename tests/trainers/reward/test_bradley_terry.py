@@ -49,6 +49,10 @@ def train(tmp_path, base, rows, name="rm", **settings) -> tuple[str, dict]:
     return str(out), train_reward_model(config, log=lambda line: None)
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so length_rm is built once
+pytestmark = pytest.mark.xdist_group("bradley_terry")
+
+
 @pytest.fixture(scope="module")
 def length_rm(tmp_path_factory, real_model_dirs):
     """A reward model trained on 400 pairs whose chosen answer is the longer one (qwen2 base)."""

@@ -250,6 +250,10 @@ def test_scenario_problems_print_as_file_line_col(capsys):
 RUN_OVERRIDES = ["tasks.eval_count=8", "agents.0.policy=own"]  # left trains its own copy of the model
 
 
+# make test (--dist loadgroup): this module's tests run on one worker, so trained_run is built once
+pytestmark = pytest.mark.xdist_group("team_eval")
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, demo_model_dir):
     """A 2-step `marl run relay` on the tiny model: checkpoints hold model/ (right, final) and model-left/.
