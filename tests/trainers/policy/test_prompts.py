@@ -6,6 +6,8 @@ eos list): RL acting and the SFT warm-up carry the template (role = system, obse
 text never contains. The embedded character model has no template: its prompts are the raw observation.
 """
 
+from types import SimpleNamespace
+
 import pytest
 
 from helpers.real_models import ARCHITECTURES
@@ -182,7 +184,8 @@ def test_sft_demonstrations_are_rendered_as_acting_renders_them_and_end_with_the
                         (0.0, {name: 0.0 for name in agents_of}))
     monkeypatch.setattr(tinylm, "sft_warmup", lambda model, tokenizer, demonstrations, *a, **k:
                         seen.setdefault("demonstrations", demonstrations) and {"steps": 1})
-    trainer = type("Trainer", (), {"learners": ["shared"], "actors": actors, "player": None})()
+    config = SimpleNamespace(model=scenario.spec.train.model)  # what the stage reads of the run's TrainConfig
+    trainer = type("Trainer", (), {"learners": ["shared"], "actors": actors, "player": None, "config": config})()
     train_tasks, _ = scenario.split()
     warmup.sft_warmup_stage(trainer, scenario, train_tasks[:4], scenario.spec.train.warmup, log=lambda line: None)
     turns = warmup.expert_turns(scenario, train_tasks[:4])
