@@ -2,7 +2,7 @@
 
 Run from a checkout: `python bench/selfplay.py` (both games, 3 conditions x 2 seeds x 100 steps:
 about 2 hours on a 2-core CPU), `--games tictactoe --seeds 1 --steps 60` for a shorter look, or
-`--quick` (1 seed x 1 step of self and fixed on each game, on tiny models warmed up for 4 SFT steps, for
+`--quick` (1 seed x 1 step of self and fixed on each game, on tiny models warmed up for 20 SFT steps, for
 tests/integration/test_benchmarks.py).
 
 Conditions, differing only in `train.selfplay` (everything else is the scenario's defaults):
@@ -179,7 +179,7 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
     return lasts
 
 
-QUICK_SFT_STEPS = 4
+QUICK_SFT_STEPS = 20
 
 
 def parse_args(argv=None):
@@ -197,7 +197,7 @@ def parse_args(argv=None):
                         help="start every condition of a seed from the scenario's warm-up SFT (train.warmup: SFT on "
                              "the expert until the accuracy among experts reaches accuracy_target, e.g. --set "
                              "train.warmup.accuracy_target=0.9), as marl run does")
-    parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of self and fixed on each game, tiny models warmed up for 4 SFT steps")
+    parser.add_argument("--quick", action="store_true", help="1 seed x 1 step of self and fixed on each game, tiny models warmed up for 20 SFT steps")
     args = parser.parse_args(argv)
     if args.quick:  # what the comparison needs (the ratio's two conditions), not the whole table
         args.seeds, args.steps, args.eval_every, args.conditions = 1, 1, 1, "self,fixed"

@@ -99,25 +99,25 @@ def _xdist_group(item) -> str | None:
 
 
 def _start_order(item) -> tuple[int, int]:
-    """-1: Ray (the longest unit, one worker's: sent first, so it is never the tail); 0: needs no built
-    model (runs while the demo model builds); 2: other slow tests; 3: the rest.
+    """0: needs no built model (runs while the demo model builds); 1: Ray (one long group, started
+    early so it is not the tail); 2: other slow tests; 3: the rest.
 
     Within Ray: 0, no model and no cluster in this process (subprocesses); 1, the micro model on the shared
     `ray_cluster`; 2, the demo model on it; 3, runs that start their own local cluster (the shared one is
     stopped first): the shared cluster starts once and the demo model has had the longest to build."""
     names = getattr(item, "fixturenames", ())
-    if item.get_closest_marker("ray") is not None:
-        shared, demo = "ray_cluster" in names, "demo_model_dir" in names
-        return -1, (2 if shared else 3) if demo else int(shared)
     if "demo_model_dir" not in names and item.get_closest_marker("slow") is None:
         return 0, 0
+    if item.get_closest_marker("ray") is not None:
+        shared, demo = "ray_cluster" in names, "demo_model_dir" in names
+        return 1, (2 if shared else 3) if demo else int(shared)
     return (2 if item.get_closest_marker("slow") is not None else 3), 0
 
 
 def pytest_collection_modifyitems(config, items):
-    """Ray tests share one xdist worker (one local cluster at a time, `--dist loadgroup`) and start first;
-    then the tests that need no built model, giving the model build its head start, then the long ones, so
-    that no long test is left for the end (a stable sort: within each part, the files' order).
+    """Ray tests share one xdist worker (one local cluster at a time, `--dist loadgroup`); tests that
+    need no built model run first, giving the model build its head start, then the long ones, so that
+    no long test is left for the end (a stable sort: within each part, the files' order).
 
     Tests marked `real` (the real packaged model, minutes each) are deselected unless the -m expression
     names them (`make test-real`): a -m in PYTEST_ARGS replaces, not extends, any -m before it."""
@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(config, items):
     part: dict[str, int] = {}
     for item in items:
         if (group := _xdist_group(item)) is not None:
-            part[group] = max(part.get(group, order[item.nodeid][0]), order[item.nodeid][0])
+            part[group] = max(part.get(group, 0), order[item.nodeid][0])
     items.sort(key=lambda item: (part.get(_xdist_group(item), order[item.nodeid][0]), order[item.nodeid][1]))
     path = getattr(config, "workerinput", {}).get("marl_xdist_groups")
     if path:  # for the controller's scheduler (above)
