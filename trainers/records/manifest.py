@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 
 from common.files import write_text_atomically
@@ -56,17 +57,27 @@ def manifest_problem(directory: Path, full: bool = True) -> str | None:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
         return f"{MANIFEST} is unreadable ({error.__class__.__name__})"
     for name, size, sha in entries:
-        problem = _file_problem(Path(directory) / name, name, size, sha, full)
+        problem = _file_problem(Path(directory), name, size, sha, full)
         if problem:
             return problem
     return None
 
 
-def _file_problem(path: Path, name: str, size: int, sha: str, full: bool) -> str | None:
+def _file_problem(directory: Path, name: str, size: int, sha: str, full: bool) -> str | None:
+    """What is wrong with one manifest entry. Only regular files inside the checkpoint are read: an entry
+    naming a path outside it (absolute, `..`, a linked folder) or anything but a regular file (a link, a
+    device such as /dev/zero, a pipe, whose reads never end) is a problem, never opened."""
+    path = directory / name
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or not path.resolve().is_relative_to(directory.resolve()):
+        return f"the manifest names {name!r}, a path outside the checkpoint"
     try:
-        actual = path.stat().st_size
+        info = path.lstat()
     except OSError:
         return f"{name} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{name} is not a regular file (a link, a device or a pipe), so it is not read"
+    actual = info.st_size
     if actual != size:
         return f"{name} is {actual} bytes, the manifest says {size}"
     if full:
