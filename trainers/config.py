@@ -33,7 +33,6 @@ from trainers.grpo.config import DERIVED_KNOBS, GRPOConfig
 __all__ = ["BackendConfig", "ContinualError", "LoopConfig", "StageConfig", "TrainConfig", "grpo_config", "resolve_config",
            "continual_beta", "settings_help", "stage_at", "stage_plan"]
 
-STAGE_NAMES = ("warmup", "main", "reflection", "safety")  # train/stage logs a stage's index here
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import statistics
 from pathlib import Path
 
 from judges.model.ledger import active
-from trainers.config import STAGE_NAMES, stage_at
+from marl.options import STAGES
+from trainers.config import stage_at
 from trainers.judging import JudgeCounts, drain_judge_lines
 from trainers.records.progress import ProgressPrinter
 from trainers.records.report import read_metrics
@@ -49,7 +50,7 @@ def run_steps(trainer, train_tasks, tracker, out: Path, log, eval_tasks=(), feat
             metrics = _feature_step(trainer, stage, within, features)
             if metrics is None:
                 metrics = stage_step(trainer, stage, within, train_tasks, log)
-            metrics.update({"train/stage": float(STAGE_NAMES.index(stage)), "train/stage_name": stage})
+            metrics.update({"train/stage": float(STAGES.index(stage)), "train/stage_name": stage})  # the schema's order
             metrics.update(_evaluation_due(trainer, eval_tasks, log))
             for feature in features:
                 metrics.update(feature.after_step(trainer, metrics, log))
