@@ -8,6 +8,9 @@
     code_harness.py  the sandboxed half of the code verifier
     sandbox.py       run untrusted Python under kernel layers (parent side)
     sandbox_child.py the child's first code; sandbox_layers.py: seccomp BPF and Landlock paths
+    sandbox_interpreter.py  which interpreter the child runs, and the major.minor check
+    sandbox_pipes.py the pipes to the child and the reading of its reports
+    sandbox_disk.py  the parent's watch on the run folder's disk use
 
 May import: common (imports), judges' top (types, strict_json).
 """

@@ -7,22 +7,28 @@ child's bootstrap, judges/rules/sandbox_child.py, installs the in-process ones b
 - Launch: a fresh environment (PATH, LANG, LC_ALL, HOME, TMPDIR); an empty network namespace where
   `unshare --net` works; as root, a random uid/gid of its own through `setpriv` (no groups,
   no-new-privs; keeping only CAP_DAC_READ_SEARCH if the interpreter is unreadable to other users).
-- Resource limits: a wall-clock deadline (SIGKILL to the process group and every process of the
-  run's uid), RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE per file, RLIMIT_NOFILE, RLIMIT_NPROC, no core
-  dumps; `output_limit` bytes each of stdout and stderr are kept (`truncated`).
-- Landlock (kernel): files can be read only in the standard library, the shared libraries it loads
-  and a few devices, and read or written only inside the run's directory; no execution, devices,
-  fifos, unix sockets or symlinks; where the kernel has them, no TCP bind/connect and no signals
-  or abstract unix sockets across the sandbox boundary.
+  The child names the Python that runs (judges/rules/sandbox_interpreter.py, `result.interpreter`);
+  a major.minor other than ours raises SandboxError before any code is read.
+- Resource limits (kernel): RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE per file, RLIMIT_NOFILE, RLIMIT_NPROC,
+  no core dumps; and from the parent a wall-clock deadline (SIGKILL to the process group and every
+  process of the run's uid), a disk budget (DISK_BUDGET_BYTES, DISK_ENTRIES) and `output_limit`
+  bytes each of stdout and stderr (`truncated`).
+- Landlock (kernel): files can be read only in the standard library (of its extension modules only
+  sandbox_layers.EXTENSION_MODULES: no subinterpreter, ctypes or test module can be loaded under any
+  name), the shared libraries it loads and a few devices, and read or written only inside the run's
+  directory; no execution, devices, fifos, unix sockets or symlinks; where the kernel has them, no
+  TCP bind/connect and no signals or abstract unix sockets across the sandbox boundary.
 - seccomp-bpf (kernel; judges/rules/sandbox_layers.py lists the calls): process creation (fork, vfork,
   clone without CLONE_THREAD, execve), sockets, signals, ptrace, namespaces, mounts, io_uring, BPF,
   kernel keys and file handles end the process with SIGSYS (status "blocked", KERNEL_BLOCK).
-- The audit hook (Python-level, a second layer with precise reasons): refuses the same actions at
-  the Python API and hides frames (sys._getframe, traceback/generator frames, gc.get_objects/...,
-  settrace, Python signal handlers), so a harness's locals are hard to reach even from Python.
+- The audit hook: a diagnostic, not a layer (CPython's audit hooks are no security boundary; native
+  code and a subinterpreter run without them). It refuses the same actions at the Python API with a
+  precise reason, and hides frames (sys._getframe, traceback/generator frames, gc.get_objects/...,
+  settrace, Python signal handlers).
 The kernel layers are required: where Landlock or seccomp is unavailable, run_python raises
 SandboxError before any code runs, unless the caller opts out (allow_unconfined=True or
-MARL_SANDBOX_ALLOW_UNCONFINED=1). `SandboxResult.layers` names the layers active in each run.
+MARL_SANDBOX_ALLOW_UNCONFINED=1). `SandboxResult.layers` names the kernel-enforced layers that the
+child confirmed in each run (of REPORTED_LAYERS); `diagnostics` names the audit hook when it was on.
 A refused action ends the child at once (status "blocked"; `blocked` is a phrase from a fixed
 vocabulary, never text of the candidate's choosing). A failure of the sandbox itself raises SandboxError.
 """
@@ -33,10 +39,8 @@ import contextlib
 import json
 import os
 import secrets
-import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from judges.rules import sandbox_child as child
-from judges.rules.sandbox_layers import LAYER_NAMES, child_layer_config
+from judges.rules import sandbox_interpreter as interpreters
+from judges.rules.sandbox_interpreter import Interpreter
+from judges.rules.sandbox_layers import LAYER_NAMES, REPORTED_LAYERS, child_layer_config
+from judges.rules.sandbox_disk import DISK_BUDGET_BYTES, DISK_ENTRIES  # noqa: F401 (re-exported: the budget)
+from judges.rules.sandbox_disk import DiskWatch as _DiskWatch
+from judges.rules.sandbox_disk import processes_of as _processes_of
+from judges.rules.sandbox_pipes import Capture as _Capture, ControlReport, Pipes as _Pipes, read_control
 from judges.types import ScorerError
 
 SANDBOX_STATUSES = ("ok", "error", "timeout", "memory", "killed", "blocked")
@@ -55,15 +65,9 @@ CHANNEL_FD = child.CHANNEL_FD
 KERNEL_BLOCK = "a system call refused by the kernel (seccomp)"
 UNCONFINED_ENV = "MARL_SANDBOX_ALLOW_UNCONFINED"
 DISK_BLOCK = "filling the disk"
-DISK_BUDGET_BYTES = 1 << 30  # the audit hook's budget is WRITE_OPENS x FILE_LIMIT_BYTES = 256 MiB
-DISK_ENTRIES = 20_000  # files and folders a run may make (empty files fill a file system's inodes)
-DISK_CHECK_S = 0.1  # how often the run's directory is measured while it runs (at most)
-DISK_CHECK_SPACING = 10  # and no sooner than this many times the last measure's duration (<= ~10% of a core)
-DISK_CHECK_MAX_S = 1.0  # but at least this often, so a fast writer overshoots the budget by one second's writes
-_CONTROL_LIMIT = 4096
-FILE_LIMIT_BYTES = 8 * 2**20
-WRITE_OPENS = 32  # with FILE_LIMIT_BYTES, bounds the disk a run can fill
-MAX_OPEN_FILES = 64
+FILE_LIMIT_BYTES = 8 * 2**20  # RLIMIT_FSIZE: per file, kernel-enforced
+WRITE_OPENS = 32  # the audit hook's budget of files opened for writing (a diagnostic: DISK_BUDGET_BYTES holds)
+MAX_OPEN_FILES = 64  # RLIMIT_NOFILE: open at once, kernel-enforced
 MAX_TASKS = 8  # processes + threads of the sandbox uid (threads count against RLIMIT_NPROC)
 _WORKDIR_PREFIX = "marl_sbx_"
 
@@ -79,8 +83,11 @@ class SandboxResult:
     """What a sandboxed run did. status: ok (exit 0), error (non-zero exit), timeout (wall or CPU
     limit), memory (MemoryError), killed (another signal), blocked (a refused action, named by
     `blocked`). stdout/stderr: decoded, capped (`truncated`: output was discarded). seconds: wall time.
-    layers: the barriers that were active ("landlock", "seccomp", "audit"). channel: the bytes the run
-    wrote to file descriptor CHANNEL_FD (only with `channel=True`; capped like stdout)."""
+    layers: the kernel-enforced barriers the child confirmed (of REPORTED_LAYERS: "landlock",
+    "seccomp", "netns", "rlimits", "uid"). diagnostics: the Python-level checks that were on ("audit"),
+    never counted as isolation. interpreter: the Python that ran (its path and full version).
+    channel: the bytes the run wrote to file descriptor CHANNEL_FD (only with `channel=True`; capped
+    like stdout)."""
 
     status: str
     returncode: int | None
@@ -91,6 +98,8 @@ class SandboxResult:
     blocked: str = ""
     layers: tuple[str, ...] = ()
     channel: bytes = b""
+    diagnostics: tuple[str, ...] = ()
+    interpreter: Interpreter | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,14 @@ class Isolation:
     drop_privileges: str  # "uid", "uid+read" (keeps CAP_DAC_READ_SEARCH), or "" (runs as the current user)
     kernel_layers: tuple[str, ...] = ()  # of LAYER_NAMES, those this kernel and this install support
     unavailable: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be used here
+    interpreter: Interpreter | None = None  # what the launch runs (None: it could not be started)
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The layers a run is expected to report here (in REPORTED_LAYERS' order)."""
+        found = set(self.kernel_layers) | {"rlimits"} | ({"netns"} if self.network_namespace else set())
+        found |= {"uid"} if self.drop_privileges else set()
+        return tuple(name for name in REPORTED_LAYERS if name in found)
 
     def prefix(self, uid: int) -> list[str]:
         """The launcher commands that go before the interpreter."""
@@ -121,44 +138,55 @@ _ISOLATION: Isolation | None = None
 _ISOLATION_LOCK = threading.Lock()
 
 
-def _probe(prefix: list[str], uid: int) -> bool:
+def _probe(prefix: list[str], uid: int) -> Interpreter | None:
+    """The interpreter that a launch with `prefix` runs, or None when it does not start."""
     workdir = tempfile.mkdtemp(prefix=_WORKDIR_PREFIX)
     try:
         if uid >= 0:
             os.chown(workdir, uid, uid)
-        # The same major.minor as ours: some systems run another interpreter when ours is unreadable.
-        argv = prefix + [sys.executable, "-I", "-S", "-B", "-c", "import json, sys; print(sys.version_info[:2])"]
+        argv = prefix + [sys.executable, "-I", "-S", "-B", "-c", interpreters.PROBE_CODE]
         done = subprocess.run(argv, cwd=workdir, env=_child_env(workdir), capture_output=True, timeout=20)
-        return done.returncode == 0 and done.stdout.decode().strip() == str(sys.version_info[:2])
+        return interpreters.parse(done.stdout.decode("utf-8", "replace")) if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return False
+        return None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _works(prefix: list[str], uid: int) -> bool:
+    """A launch with `prefix` starts an interpreter of our major.minor (some systems run another one
+    when ours is unreadable to the run's uid: such a level is passed over for the next)."""
+    found = _probe(prefix, uid)
+    return found is not None and not interpreters.mismatch(found)
+
+
 def isolation() -> Isolation:
-    """Which kernel-level barriers work here (probed once per process with real launches)."""
+    """Which kernel-level barriers work here, and which interpreter runs (probed once per process with
+    real launches)."""
     global _ISOLATION
     with _ISOLATION_LOCK:
         if _ISOLATION is None:
             root, uid = os.geteuid() == 0, _pick_uid()
-            netns = bool(shutil.which("unshare")) and _probe(Isolation(True, "").prefix(uid), -1)
+            netns = bool(shutil.which("unshare")) and _works(Isolation(True, "").prefix(uid), -1)
             levels = ("uid", "uid+read") if root and shutil.which("setpriv") else ()
-            drop = next((level for level in levels if _probe(Isolation(netns, level).prefix(uid), uid)), "")
+            drop = next((level for level in levels if _works(Isolation(netns, level).prefix(uid), uid)), "")
             unavailable = child_layer_config(())[1]
             kernel = tuple(name for name in LAYER_NAMES if name not in unavailable)
-            _ISOLATION = Isolation(netns, drop, kernel, unavailable)
+            found = _probe(Isolation(netns, drop).prefix(uid), uid if drop else -1)
+            _ISOLATION = Isolation(netns, drop, kernel, unavailable, found)
         return _ISOLATION
 
 
 def describe() -> str:
-    """One line naming the barriers that this machine gives sandboxed code (for run logs and reports)."""
+    """One line naming the kernel layers this machine gives sandboxed code, the diagnostics and the
+    interpreter (for run logs and reports)."""
     setup = isolation()
-    parts = list(setup.kernel_layers) + ["audit hook", "rlimits"]
-    parts += ["network namespace"] if setup.network_namespace else []
-    parts += [f"own uid ({setup.drop_privileges})"] if setup.drop_privileges else []
+    words = {"netns": "network namespace", "uid": f"own uid ({setup.drop_privileges})"}
+    parts = [words.get(name, name) for name in setup.layers]
     missing = "; ".join(f"{name} unavailable: {why}" for name, why in setup.unavailable.items())
-    return "sandbox layers: " + ", ".join(parts) + (f" ({missing})" if missing else "")
+    ran = f"; interpreter: {setup.interpreter}" if setup.interpreter else "; interpreter: does not start"
+    return ("sandbox layers: " + ", ".join(parts) + (f" ({missing})" if missing else "")
+            + "; diagnostics (not a boundary): audit hook" + ran)
 
 
 def _pick_uid() -> int:
@@ -167,20 +195,6 @@ def _pick_uid() -> int:
 
 def _child_env(workdir: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-
-
-def _processes_of(uid: int) -> dict[int, int]:
-    """pid -> thread count of the processes whose real uid is `uid` (what RLIMIT_NPROC counts)."""
-    found = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                fields = dict(line.split(":", 1) for line in handle if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                found[int(entry)] = int(fields.get("Threads", "1"))
-        except (OSError, ValueError, KeyError):
-            continue
-    return found
 
 
 def _kill(pgid: int | None, uid: int | None = None) -> None:
@@ -207,131 +221,12 @@ def _write_files(workdir: str, code: str, files: dict[str, str] | None, uid: int
             os.chown(path, uid, uid)
 
 
-class _Capture:
-    """Reads the child's pipes without blocking: stdout and stderr (at most `limit` bytes each, else
-    `truncated`), the control pipe (at most _CONTROL_LIMIT) and the optional result channel (`limit`)."""
-
-    def __init__(self, proc: subprocess.Popen, limit: int, control: int, channel: int | None):
-        self.truncated = False
-        streams = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "control": control}
-        if channel is not None:
-            streams["channel"] = channel
-        self.names = {fd: name for name, fd in streams.items()}
-        self.limits = {name: (_CONTROL_LIMIT if name == "control" else limit) for name in streams}
-        self.data = {name: bytearray() for name in streams}
-        self.selector = selectors.DefaultSelector()
-        for fd in self.names:
-            self.selector.register(fd, selectors.EVENT_READ)
-
-    @property
-    def open(self) -> bool:
-        return bool(self.selector.get_map())
-
-    def pump(self, wait: float) -> None:
-        """Read what is available within `wait` seconds."""
-        for key, _ in self.selector.select(timeout=max(wait, 0.0)):
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                self.selector.unregister(key.fileobj)
-                continue
-            name = self.names[key.fd]
-            buffer = self.data[name]
-            room = self.limits[name] - len(buffer)
-            if name in ("stdout", "stderr"):
-                self.truncated |= len(chunk) > room
-            buffer += chunk[:max(room, 0)]
-
-    def text(self, name: str) -> str:
-        return bytes(self.data[name]).decode("utf-8", "replace")
-
-
 def _exited(pid: int) -> bool:
     """True when the child has exited (it is not reaped yet, so its pid and group stay reserved)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
-
-
-class _DiskWatch:
-    """Measures what the run itself has written: the blocks allocated under its own directory, the
-    only place Landlock lets it write, and the files its processes hold open that no directory shows
-    (written then unlinked, O_TMPFILE, sqlite's temp files: `find` cannot see them, their blocks stay
-    taken until closed). Native code can make files without the audit hook's write budget, so a run
-    past DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file system's free
-    space is not the measure: another process filling the same disk is not the run's doing."""
-
-    def __init__(self, workdir: str, pgid: int | None = None, uid: int | None = None):
-        self.workdir, self.pgid, self.uid = workdir, pgid, uid
-        self.exceeded, self.next_at, self.cost = False, 0.0, 0.0
-
-    def usage(self) -> tuple[int, int]:
-        """(bytes allocated, entries): the run directory's (`find`) and its processes' unlinked open files."""
-        size, entries = self._tree_usage()
-        held, files = _unlinked_open_files(_run_pids(self.pgid, self.uid))
-        return size + held, entries + files
-
-    def _tree_usage(self) -> tuple[int, int]:
-        """(bytes allocated, entries) under the run directory, by `find` (it walks trees thousands
-        deep, which Python's walks cannot); a folder the run made unreadable is made readable again
-        first (it is the parent's tree), and what still cannot be measured counts as over the budget."""
-        for _ in range(2):
-            try:
-                found = subprocess.run([shutil.which("find") or "find", self.workdir, "-printf", "%b\\n"],
-                                       capture_output=True, timeout=30)
-            except (OSError, subprocess.SubprocessError) as error:
-                raise SandboxError(f"cannot measure the run's disk use: {error}") from error
-            if found.returncode == 0 or b"Permission denied" not in found.stderr:  # a file the run deleted meanwhile
-                blocks = found.stdout.split()
-                return sum(map(int, blocks)) * 512, len(blocks)  # %b: 512-byte blocks allocated
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(["chmod", "-R", "u+rwx", "--", self.workdir], capture_output=True, timeout=30)
-        return DISK_BUDGET_BYTES + 1, 0
-
-    def check(self, final: bool = False) -> bool:
-        """True (once) when the run has written more than its budget; measured while it runs at most
-        every DISK_CHECK_S, or DISK_CHECK_SPACING times as long as the last measure took (a tree of
-        19k files takes ~0.6 s to walk: walking it back to back would cost the trainer a core), but at
-        least every DISK_CHECK_MAX_S, and once more when it has ended."""
-        now = time.monotonic()
-        if self.exceeded or (now < self.next_at and not final):
-            return False
-        size, entries = self.usage()
-        self.cost = time.monotonic() - now
-        self.next_at = now + min(DISK_CHECK_MAX_S, max(DISK_CHECK_S, DISK_CHECK_SPACING * self.cost))
-        self.exceeded = size > DISK_BUDGET_BYTES or entries > DISK_ENTRIES
-        return self.exceeded
-
-
-def _run_pids(pgid: int | None, uid: int | None) -> set[int]:
-    """The run's processes: those of its process group (the session it was started in) and of its
-    dedicated uid."""
-    pids = set(_processes_of(uid)) if uid is not None else set()
-    for entry in filter(str.isdigit, os.listdir("/proc")) if pgid else ():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
-            if int(fields[2]) == pgid:
-                pids.add(int(entry))
-    return pids
-
-
-def _unlinked_open_files(pids: set[int]) -> tuple[int, int]:
-    """(bytes allocated, count) of the regular files that `pids` hold open with no name left (nlink
-    0), each counted once. Files with a name are under the run directory, measured there. The parent
-    is root or the run's own user, so /proc/<pid>/fd is readable; a process gone meanwhile is skipped."""
-    seen: dict[tuple[int, int], int] = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                info = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, named or not
-                if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
-                    seen[info.st_dev, info.st_ino] = info.st_blocks * 512
-    return sum(seen.values()), len(seen)
 
 
 def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch):
@@ -365,17 +260,6 @@ def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid:
     return timed_out, usage
 
 
-def _control_report(control: str) -> tuple[tuple[str, ...], str, str]:
-    """(layers, blocked reason, unconfined reason) from the child's control pipe. Only the first
-    `layers` line counts (the bootstrap writes it before the candidate runs), and only a reason from
-    the fixed vocabulary: a candidate writing to the pipe cannot put its own words in a report."""
-    lines = control.splitlines()
-    layers = tuple(lines[0][len("layers "):].split(",")) if lines and lines[0].startswith("layers ") else ()
-    blocked = next((line[len("blocked "):] for line in lines[1:] if line.startswith("blocked ")), "")
-    unconfined = lines[0][len("unconfined "):] if lines and lines[0].startswith("unconfined ") else ""
-    return layers, (blocked if blocked in child.BLOCK_REASONS else ""), unconfined
-
-
 def _classify(returncode: int | None, timed_out: bool, cpu_used: float, cpu_s: float, stderr: str,
               blocked: str) -> tuple[str, str]:
     if returncode == BLOCKED_EXIT and blocked:
@@ -403,24 +287,21 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
     the code a pipe at file descriptor CHANNEL_FD whose bytes come back as `result.channel`.
     allow_unconfined: run even where a kernel layer (Landlock, seccomp) is unavailable (default: the
     MARL_SANDBOX_ALLOW_UNCONFINED environment variable, off); otherwise such a run raises SandboxError
-    before any code runs. audit_hook=False leaves the Python-level layer out, to test what the kernel
-    layers stop on their own (never do this to score code). Never raises for anything the code does; raises ValueError for bad arguments
-    and SandboxError when the interpreter cannot be started or cannot be confined.
+    before any code runs. audit_hook=False leaves the Python-level diagnostic out, to test what the
+    kernel layers stop on their own. Never raises for anything the code does; raises ValueError for bad
+    arguments and SandboxError when the interpreter cannot be started, is another major.minor than
+    ours, or cannot be confined.
     """
     _check_arguments(code, timeout_s, cpu_s, memory_mb, output_limit)
-    setup, root = isolation(), os.geteuid() == 0
+    setup = isolation()
     require = () if _unconfined_allowed(allow_unconfined) else LAYER_NAMES
     _refuse_unconfined({name: why for name, why in setup.unavailable.items() if name in require})
     uid = _pick_uid() if setup.drop_privileges else None
-    nproc = MAX_TASKS if uid is not None else (-1 if root else sum(_processes_of(os.getuid()).values()) + MAX_TASKS)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
     started, proc, capture, pipes = time.monotonic(), None, None, _Pipes(channel)
     try:
         _write_files(workdir, code, files, -1 if uid is None else uid)
-        limits = {"cpu": int(-(-cpu_s // 1)), "memory": memory_mb * 2**20, "fsize": FILE_LIMIT_BYTES,
-                  "nofile": MAX_OPEN_FILES, "nproc": nproc, "write_opens": WRITE_OPENS}
-        config = dict(child_layer_config(require)[0], root=workdir, limits=limits, control_fd=pipes.control_w,
-                      channel_fd=pipes.channel_w, audit_hook=bool(audit_hook))
+        config = _child_config(require, workdir, uid, cpu_s, memory_mb, pipes, audit_hook)
         argv = setup.prefix(uid if uid is not None else 0) + [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP,
                                                               json.dumps(config)]
         proc = _launch(argv, workdir, stdin, pipes.child_ends())
@@ -430,18 +311,51 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
         timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk)
         disk.check(final=True)  # what it wrote between the last measure and its exit counts too
         cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
-        layers, blocked, unconfined = _control_report(capture.text("control"))
-        if unconfined and proc.returncode == child.UNCONFINED_EXIT:
-            _refuse_unconfined({"kernel": unconfined})
+        report = read_control(capture.text("control"))
         stderr = capture.text("stderr")
-        status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, blocked)
+        _refuse_bootstrap_failure(report, proc.returncode, timed_out or disk.exceeded, stderr)
+        status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, report.blocked)
         if disk.exceeded:
             status, blocked = "blocked", DISK_BLOCK
         return SandboxResult(status, proc.returncode, capture.text("stdout"), stderr, capture.truncated,
-                             time.monotonic() - started, blocked, layers, bytes(capture.data.get("channel", b"")))
+                             time.monotonic() - started, blocked, report.layers,
+                             bytes(capture.data.get("channel", b"")), report.diagnostics, report.interpreter)
+    except OSError as error:  # the sandbox's own failure (writing the run's files, measuring its disk use)
+        raise SandboxError(f"the sandbox failed: {error}") from error
     finally:
         _cleanup(proc, capture, uid, workdir)
         pipes.close()
+
+
+def _child_config(require: tuple[str, ...], workdir: str, uid: int | None, cpu_s: float, memory_mb: int,
+                  pipes: _Pipes, audit_hook: bool) -> dict:
+    """The bootstrap's settings: the kernel layers, the limits, the pipes, and what it checks itself
+    against (our major.minor; our network namespace and uid, which its own must differ from to count)."""
+    root = os.geteuid() == 0
+    nproc = MAX_TASKS if uid is not None else (-1 if root else sum(_processes_of(os.getuid()).values()) + MAX_TASKS)
+    limits = {"cpu": int(-(-cpu_s // 1)), "memory": memory_mb * 2**20, "fsize": FILE_LIMIT_BYTES,
+              "nofile": MAX_OPEN_FILES, "nproc": nproc, "write_opens": WRITE_OPENS}
+    try:
+        host_netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:  # no /proc: the child cannot tell either, and claims no namespace
+        host_netns = -1
+    return dict(child_layer_config(require)[0], root=workdir, limits=limits, control_fd=pipes.control_w,
+                channel_fd=pipes.channel_w, audit_hook=bool(audit_hook), python=list(sys.version_info[:2]),
+                host_netns=host_netns, host_uid=os.geteuid())
+
+
+def _refuse_bootstrap_failure(report: ControlReport, returncode: int | None, stopped: bool, stderr: str) -> None:
+    """SandboxError when the run failed for the sandbox's own reasons, before any code of the candidate:
+    another major.minor ran, a required kernel layer failed, or the bootstrap never reported (unless
+    the run was stopped first: a deadline or the disk budget)."""
+    if report.interpreter is not None and interpreters.mismatch(report.interpreter):
+        raise SandboxError(interpreters.mismatch(report.interpreter))
+    if report.unconfined and returncode == child.UNCONFINED_EXIT:
+        _refuse_unconfined({"kernel": report.unconfined})
+    if report.interpreter is None and not stopped:
+        last = stderr.strip().rsplit("\n", 1)[-1][:300] or "no output"
+        raise SandboxError(f"the sandboxed interpreter {sys.executable} failed before running any code "
+                           f"(exit status {returncode}: {last}); check that it starts with `-I -S -B`")
 
 
 def _unconfined_allowed(allow_unconfined: bool | None) -> bool:
@@ -455,33 +369,6 @@ def _refuse_unconfined(unavailable: dict[str, str]) -> None:
         reasons = "; ".join(f"{name}: {why}" for name, why in unavailable.items())
         raise SandboxError(f"refusing to run untrusted code without the sandbox's kernel layers ({reasons}); "
                            f"set {UNCONFINED_ENV}=1 to run it behind the audit hook only (not a security boundary)")
-
-
-class _Pipes:
-    """The control pipe (the bootstrap's reports) and the optional result channel; the parent keeps
-    the read ends, the child inherits the write ends."""
-
-    def __init__(self, channel: bool):
-        self.control_r, self.control_w = os.pipe()
-        self.channel_r, self.channel_w = os.pipe() if channel else (None, None)
-
-    def child_ends(self) -> tuple[int, ...]:
-        return tuple(fd for fd in (self.control_w, self.channel_w) if fd is not None)
-
-    def close_child_ends(self) -> None:
-        for name in ("control_w", "channel_w"):
-            self._close(name)
-
-    def close(self) -> None:
-        for name in ("control_r", "control_w", "channel_r", "channel_w"):
-            self._close(name)
-
-    def _close(self, name: str) -> None:
-        fd = getattr(self, name)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            setattr(self, name, None)
 
 
 def _check_arguments(code: str, timeout_s: float, cpu_s: float, memory_mb: int, output_limit: int) -> None:

@@ -3,34 +3,41 @@
 judges.rules.sandbox launches it; nothing here runs in the trainer's process (importing this module only
 defines the constants below, which the parent shares to read the child's reports). In order:
 
-1. Resource limits (CPU, address space, file size, open files, processes; no core dumps).
-2. Reads and deletes main.py, compiles it (so the candidate never sees its own source file).
-3. Kernel layers, which no code in the process can lift afterwards, native code included:
-   - Landlock (file system): reading only the standard library, the shared libraries it loads and a
-     few devices; reading and writing only inside the run's temporary directory; no executing,
-     no devices, fifos, sockets or symlinks made. Where the kernel supports it (ABI 4, 6), the same
-     ruleset refuses every TCP bind/connect and signals or abstract unix sockets outside the sandbox.
+1. Reports which interpreter this is (path, full version, prefix), and stops when its major.minor
+   is not the parent's (MISMATCH_EXIT), before any candidate code is read.
+2. Resource limits (CPU, address space, file size, open files, processes; no core dumps).
+3. Reads and deletes main.py, compiles it (so the candidate never sees its own source file).
+4. Kernel layers, which no code in the process can lift afterwards, native code included:
+   - Landlock (file system): reading only the standard library (of its extension modules only
+     sandbox_layers.EXTENSION_MODULES), the shared libraries it loads and a few devices; reading and
+     writing only inside the run's temporary directory; no executing, no devices, fifos, sockets or
+     symlinks made. Where the kernel supports it (ABI 4, 6), the same ruleset refuses every TCP
+     bind/connect and signals or abstract unix sockets outside the sandbox.
    - seccomp-bpf (system calls): a filter the parent compiled with libseccomp; process creation
      (fork, vfork, clone without CLONE_THREAD, execve), sockets, signals, tracing, namespaces,
      mounts, io_uring, BPF, kernel keys and file handles end the process (SIGSYS).
    A layer the parent requires and the kernel refuses ends the run before the candidate's first line.
-4. The audit hook (a second, Python-level layer with precise messages) and the frame lock-down.
-5. Runs the candidate's code as __main__.
+5. The audit hook (a diagnostic, not a layer: CPython's hooks are no security boundary, and a
+   subinterpreter or native code runs without them) with precise messages, and the frame lock-down.
+6. Runs the candidate's code as __main__.
 
-Reports go to the control pipe (fd CONTROL_FD), one line each: `layers <names>` before the code
-runs, `blocked <reason>` when the hook refuses an action, `unconfined <layer>: <why>` when a
-required layer failed. The parent accepts only reasons from BLOCK_REASONS, so a candidate that
-writes to the pipe can make its own run fail, never put words of its choosing in a report.
+Reports go to the control pipe (fd CONTROL_FD), one line each, the first three before the code runs:
+`interpreter <json>`, then `layers <names>` (the kernel-enforced ones, each confirmed from inside:
+landlock, seccomp, netns, rlimits, uid) or `unconfined <layer>: <why>` when a required layer failed,
+then `diagnostics <names>` ("audit" when the hook is on); later `blocked <reason>` when the hook
+refuses an action. The parent accepts only reasons from BLOCK_REASONS, so a candidate that writes to
+the pipe can make its own run fail, never put words of its choosing in a report.
 """
 
 CHANNEL_FD = 3  # result channel for harnesses (a pipe; whatever is written there is the run's `channel`)
 CONTROL_FD = 4  # the bootstrap's reports to the parent
 BLOCKED_EXIT = 86
 UNCONFINED_EXIT = 87
+MISMATCH_EXIT = 88  # this interpreter's major.minor is not the parent's: nothing of the candidate's ran
 KILL_EXACT = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "os.startfile",
               "os.kill", "os.killpg", "subprocess.Popen", "pty.spawn", "os.link", "os.symlink", "os.chdir",
               "signal.pthread_kill", "_posixsubprocess.fork_exec", "os.add_dll_directory", "webbrowser.open",
-              # a loaded extension is native code of the candidate's own: no Python-level layer past it
+              # a loaded extension is native code of the candidate's own: no Python-level check past it
               "sqlite3.enable_load_extension", "sqlite3.load_extension")
 KILL_PREFIX = ("socket.", "ctypes.", "syslog.", "winreg.", "_winapi.")
 # event -> indices of its path arguments (checked to lie inside the run's directory).
@@ -62,20 +69,16 @@ def _sandbox(argv):
         except OSError:
             pass
 
+    report("interpreter " + json.dumps(_interpreter(sys, os)))
+    if list(sys.version_info[:2]) != config["python"]:  # the parent refuses the run with one line
+        os._exit(MISMATCH_EXIT)
     _set_limits(resource, limits)
+    launched = _launch_layers(config, limits, resource, os)  # confirmed before Landlock hides /proc
     with open("main.py", "rb") as handle:
         source = handle.read()
     os.remove("main.py")
     code = compile(source, "main.py", "exec")
-    before = set(sys.modules)
-    layers, failures = _kernel_layers(config, root, sys, os)
-    for name in set(sys.modules) - before:  # ctypes and landlock: the candidate may not reuse them
-        del sys.modules[name]
-    missing = [layer for layer in config["require"] if layer not in layers]
-    if missing:
-        report("unconfined " + "; ".join(f"{layer}: {failures.get(layer, 'not available')}" for layer in missing))
-        os._exit(UNCONFINED_EXIT)
-    report("layers " + ",".join(layers + (["audit"] if config["audit_hook"] else [])))
+    _lock_down(config, root, launched, report, sys, os)
     if config["audit_hook"]:
         _install_audit_hook(root, limits["write_opens"], report, _signal, os, posix, sys)
     main = type(sys)("__main__")
@@ -84,6 +87,21 @@ def _sandbox(argv):
     sys.argv[:] = ["main.py"]
     del source, argv, config
     exec(code, main.__dict__)  # from inside this frame, so that no module global holds the code object
+
+
+def _lock_down(config, root, launched, report, sys, os):
+    """Installs the kernel layers and reports them with those the launch gave (`launched`), then the
+    diagnostics; or ends the run (UNCONFINED_EXIT) when a layer the parent requires failed."""
+    before = set(sys.modules)
+    layers, failures = _kernel_layers(config, root, sys, os)
+    for name in set(sys.modules) - before:  # ctypes and landlock: the candidate may not reuse them
+        del sys.modules[name]
+    missing = [layer for layer in config["require"] if layer not in layers]
+    if missing:
+        report("unconfined " + "; ".join(f"{layer}: {failures.get(layer, 'not available')}" for layer in missing))
+        os._exit(UNCONFINED_EXIT)
+    report("layers " + ",".join(layers + launched))
+    report("diagnostics " + ("audit" if config["audit_hook"] else ""))
 
 
 def _bind_pipes(os, config):
@@ -97,6 +115,37 @@ def _bind_pipes(os, config):
         if name in high:
             os.dup2(high[name], number, inheritable=False)
             os.close(high[name])
+
+
+def _interpreter(sys, os):
+    """Which interpreter runs this: the file the kernel executed (the venv's link may lead elsewhere, and
+    a binary whose own library path is unreadable loads the system's libpython), its full version and
+    the prefix whose standard library it imports."""
+    try:
+        executable = os.readlink("/proc/self/exe")
+    except OSError:
+        executable = sys.executable
+    return {"executable": executable, "version": sys.version.split()[0], "prefix": sys.prefix}
+
+
+def _launch_layers(config, limits, resource, os):
+    """The layers the launch gave this process, each checked from inside: a network namespace other
+    than the parent's, every resource limit in place, a uid that is neither root nor the parent's."""
+    found = []
+    try:  # the parent sends -1 when it could not read its own (then no namespace is claimed)
+        if config["host_netns"] >= 0 and os.stat("/proc/self/ns/net").st_ino != config["host_netns"]:
+            found.append("netns")
+    except OSError:
+        pass
+    checks = [(resource.RLIMIT_CPU, limits["cpu"] + 1), (resource.RLIMIT_AS, limits["memory"]),
+              (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_NOFILE, limits["nofile"])]
+    checks += [(resource.RLIMIT_NPROC, limits["nproc"])] if limits["nproc"] >= 0 else []
+    if all(0 <= resource.getrlimit(limit)[1] <= cap for limit, cap in checks):  # RLIM_INFINITY is -1
+        found.append("rlimits")
+    ids = os.getresuid() + os.getresgid()
+    if 0 not in ids and config["host_uid"] not in ids[:3]:
+        found.append("uid")
+    return found
 
 
 def _set_limits(resource, limits):
@@ -179,11 +228,13 @@ def _landlock(config, root, sys, os, ctypes, libc):
 
 def _landlock_rules(config, root, sys, os, masks):
     """(path, rights): the run's directory; this interpreter's standard library (entry by entry, so that
-    its site-packages stays out); the shared libraries native modules load; /dev/null."""
+    its site-packages stays out, and of lib-dynload only the extension modules in config["extensions"]:
+    a file Landlock refuses to read cannot be loaded under any name); the shared libraries native
+    modules load; /dev/null."""
     yield root, masks["inside"]
-    for entry in sys.path:
-        if not entry.startswith("/"):
-            continue
+    entries = [entry for entry in sys.path if entry.startswith("/")]
+    extensions = frozenset(config["extensions"])
+    for entry in entries:
         if os.path.isdir(entry):
             try:
                 names = os.listdir(entry)
@@ -191,8 +242,12 @@ def _landlock_rules(config, root, sys, os, masks):
                 continue
             yield entry, masks["list_dir"]  # the import system lists it; names only, no file in it
             for name in names:
-                if name not in ("site-packages", "dist-packages"):
-                    yield os.path.join(entry, name), masks["read_tree"]
+                path = os.path.join(entry, name)
+                if name in ("site-packages", "dist-packages", "lib-dynload") or path in entries:
+                    continue  # lib-dynload is an entry of its own, filtered file by file
+                if name.endswith(".so") and name.split(".")[0] not in extensions:
+                    continue
+                yield path, masks["read_tree"]
         elif os.path.exists(entry):
             yield entry, masks["read_file"]
     for path in config["read_files"]:
@@ -213,7 +268,8 @@ def _seccomp(program, ctypes, libc, os):
 
 
 def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
-    """The Python-level layer: refuses audited actions with a precise reason, and hides frames.
+    """The Python-level diagnostic (not a security boundary: native code and subinterpreters never meet
+    it): refuses audited actions with a precise reason, and hides frames.
 
     One function of closures on purpose: the hook may use only names bound here before the candidate
     runs, never module globals or builtins that the candidate could replace."""
@@ -222,7 +278,8 @@ def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
     soft = ("sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
             "gc.get_objects", "gc.get_referrers", "gc.get_referents")
     frame_attrs = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
-    no_import = ("ctypes", "_ctypes", "_posixsubprocess", "posix", "_xxsubinterpreters", "_testcapi",
+    no_import = ("ctypes", "_ctypes", "_ctypes_test", "_posixsubprocess", "posix", "_xxsubinterpreters",
+                 "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues", "_testcapi",
                  "_testinternalcapi", "_tracemalloc", "landlock")
     no_import_packages = tuple(name + "." for name in no_import)
     kill_exact, kill_prefix, path_events, list_events = KILL_EXACT, KILL_PREFIX, PATH_EVENTS, LIST_EVENTS
@@ -303,12 +360,20 @@ def _install_audit_hook(root, write_opens, report, _signal, os, posix, sys):
         if event in soft or (event == "object.__getattr__" and args[1] in frame_attrs):
             return ("soft", event)
         if event == "import":
-            name = text(args[0])
-            if name in no_import or name.startswith(no_import_packages):
-                return ("import", name)
-            if args[1] is not _none and not norm(text(args[1])).startswith(readable):
-                return ("kill", "loading a native module from outside the standard library")
+            return check_import(text(args[0]), args[1])
         return _none
+
+    def check_import(name, path):
+        # an extension runs PyInit_<last part of its name> from whatever file: "x._ctypes" is _ctypes
+        if name in no_import or name.startswith(no_import_packages) or name.rpartition(".")[2] in no_import:
+            return ("import", name)
+        if path is _none:
+            return _none
+        path = norm(text(path))
+        if not path.startswith(readable):
+            return ("kill", "loading a native module from outside the standard library")
+        stem = path[:-1].rpartition("/")[2].partition(".")[0]
+        return ("import", stem) if stem in no_import else _none
 
     def set_signal(args):
         signalnum, handler, box = args

@@ -51,7 +51,28 @@ CLONE_THREAD = 0x00010000
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000,
                     0x00000080)  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into a terminal
-LAYER_NAMES = ("landlock", "seccomp")
+LAYER_NAMES = ("landlock", "seccomp")  # the layers a run requires (installed by the child itself)
+# What a run's `layers` may name, each confirmed by the child from inside: the two above, its network
+# namespace, its resource limits and its own uid. The audit hook is not among them (a diagnostic).
+REPORTED_LAYERS = LAYER_NAMES + ("netns", "rlimits", "uid")
+# The extension modules (lib-dynload files) that Landlock lets the child read once it is locked down.
+# Computation, data formats and codecs, none giving a capability that plain Python lacks; and the few
+# whose every effect the kernel layers refuse anyway (a socket, a fork, a terminal ioctl: seccomp),
+# kept so that `import socket`, `subprocess` or `pty` still loads and the attempt is reported as
+# blocked. Everything else there stays unreadable, so it cannot be loaded under any name: the
+# subinterpreter modules (a fresh interpreter runs without the audit hook), ctypes, _testcapi and
+# _testinternalcapi (raw memory), the other test modules, shared memory, curses, readline, audio.
+# What the bootstrap itself imported before the lock-down (ctypes, resource, fcntl, _json) stays
+# loaded: this list does not make that unreachable, the kernel layers are what hold against it.
+EXTENSION_MODULES = frozenset((
+    "math", "cmath", "array", "_bisect", "_heapq", "_random", "_datetime", "_struct", "_pickle", "_csv",
+    "_elementtree", "pyexpat", "binascii", "unicodedata", "zlib", "_bz2", "_lzma", "_statistics", "_md5", "_sha1",
+    "_sha256", "_sha512", "_sha3", "_blake2", "_hashlib", "_json", "_decimal", "_contextvars", "_asyncio", "_queue",
+    "_typing", "_uuid", "_zoneinfo", "_opcode", "_multibytecodec", "_codecs_cn", "_codecs_hk", "_codecs_iso2022",
+    "_codecs_jp", "_codecs_kr", "_codecs_tw", "_sqlite3", "mmap", "select", "grp", "pwd",
+    # their effects are system calls that seccomp, Landlock or the network namespace refuse
+    "_socket", "_posixsubprocess", "termios", "fcntl", "resource",
+))
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,7 +153,22 @@ def library_paths() -> tuple[str, ...]:
     paths = [f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/lib64", "/usr/lib64", "/usr/local/lib",
              os.path.join(sys.base_prefix, "lib"), "/etc/ld.so.cache", "/usr/share/zoneinfo", "/dev/urandom",
              "/dev/zero"]
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.exists(p)))
+    found = dict.fromkeys(os.path.realpath(p) for p in paths if os.path.exists(p))
+    return tuple(dict.fromkeys(entry for path in found for entry in _without_python_trees(path)))
+
+
+def _without_python_trees(path: str) -> list[str]:
+    """`path`, or its entries but the python* ones when it holds an interpreter's tree: the library
+    folder of a prefix (pyenv's, /usr/local/lib) also holds python3.X/site-packages and lib-dynload,
+    whose every extension module would otherwise be readable, and so loadable, past EXTENSION_MODULES."""
+    try:
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    except OSError:
+        return [path]
+    if not any(name.startswith("python") and os.path.isdir(os.path.join(path, name)) for name in names):
+        return [path]
+    return [os.path.join(path, name) for name in names
+            if not (name.startswith("python") and os.path.isdir(os.path.join(path, name)))]
 
 
 def child_layer_config(require: tuple[str, ...]) -> tuple[dict, dict[str, str]]:
@@ -140,6 +176,7 @@ def child_layer_config(require: tuple[str, ...]) -> tuple[dict, dict[str, str]]:
     program, seccomp_why = seccomp_program()
     abi, landlock_why = landlock_support()
     config = {"require": list(require), "seccomp_bpf": program.hex() if program else "",
-              "landlock": landlock_masks(abi) if abi else None, "read_files": list(library_paths())}
+              "landlock": landlock_masks(abi) if abi else None, "read_files": list(library_paths()),
+              "extensions": sorted(EXTENSION_MODULES)}
     unavailable = {name: why for name, why in (("landlock", landlock_why), ("seccomp", seccomp_why)) if why}
     return config, unavailable

@@ -208,7 +208,7 @@ def grade(text: str, tests=TESTS, **options):
 def test_a_correct_solution_scores_one():
     judgment = grade("Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n")
     assert judgment.ok and judgment.score == 1.0 and judgment.details["passed_tests"] == 5
-    assert judgment.details["sandbox_layers"] == list(isolation().kernel_layers) + ["audit"]
+    assert judgment.details["sandbox_layers"] == list(isolation().layers) and "audit" not in isolation().layers
 
 
 def test_a_partial_solution_scores_the_fraction_unless_all_are_required():

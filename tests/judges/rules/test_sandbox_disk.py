@@ -9,6 +9,7 @@ import os
 import pytest
 
 import judges.rules.sandbox as sandbox
+import judges.rules.sandbox_disk as disk
 from judges.rules.code import CodeTestsVerifier
 from judges.types import Candidate, Item
 
@@ -22,14 +23,14 @@ def _score(code: str):
 
 @pytest.fixture
 def small_budget(monkeypatch):
-    monkeypatch.setattr(sandbox, "DISK_BUDGET_BYTES", 16 * 2**20)
-    return sandbox.DISK_BUDGET_BYTES
+    monkeypatch.setattr(disk, "DISK_BUDGET_BYTES", 16 * 2**20)
+    return disk.DISK_BUDGET_BYTES
 
 
 def test_an_honest_answer_scores_1_while_another_process_fills_the_same_file_system(small_budget, monkeypatch, tmp_path):
     """300 MB (far past the run's budget) are reserved on the run directory's file system at the
     moment the watch measures, as another process writing there would: the run is not blamed."""
-    measure, filled = sandbox._DiskWatch.usage, []
+    measure, filled = disk.DiskWatch.usage, []
 
     def fill_then_measure(watch):
         if not filled:
@@ -42,7 +43,7 @@ def test_an_honest_answer_scores_1_while_another_process_fills_the_same_file_sys
             filled.append(neighbour)
         return measure(watch)
 
-    monkeypatch.setattr(sandbox._DiskWatch, "usage", fill_then_measure)
+    monkeypatch.setattr(disk.DiskWatch, "usage", fill_then_measure)
     try:
         judgment = _score(CORRECT)
         assert filled and os.stat(filled[0]).st_blocks * 512 >= 300 * 2**20 > small_budget
@@ -69,7 +70,7 @@ def test_the_watch_counts_the_blocks_under_the_run_directory_only(small_budget, 
     run = tmp_path / "run"
     (run / "deep" / "er").mkdir(parents=True)
     (tmp_path / "neighbour").write_bytes(b"x" * (small_budget + 1))  # same file system, not the run's
-    watch = sandbox._DiskWatch(str(run))
+    watch = disk.DiskWatch(str(run))
     assert not watch.check(final=True) and watch.usage()[1] == 3  # run, deep, er
     (run / "deep" / "er" / "big").write_bytes(b"x" * (small_budget + 1))
     os.chmod(run / "deep", 0)  # hidden from a walk that does not restore it
@@ -109,18 +110,18 @@ def test_files_held_open_under_the_budget_are_allowed(small_budget):
 def test_a_slow_measure_is_spaced_out_in_proportion(tmp_path, monkeypatch):
     """A walk that took long (a tree of many files) is not repeated sooner than DISK_CHECK_SPACING
     times its duration, so watching a big tree costs a bounded share of the trainer's CPU."""
-    class SlowTree(sandbox._DiskWatch):
+    class SlowTree(disk.DiskWatch):
         def usage(self):
             import time
             time.sleep(0.05)  # stands for a walk of ~2k files
             return 0, 1
 
-    monkeypatch.setattr(sandbox, "DISK_CHECK_S", 0.0)
+    monkeypatch.setattr(disk, "DISK_CHECK_S", 0.0)
     watch = SlowTree(str(tmp_path))
     import time
     started = time.monotonic()
     assert not watch.check()
-    assert watch.cost >= 0.05 and watch.next_at >= started + sandbox.DISK_CHECK_SPACING * 0.05
+    assert watch.cost >= 0.05 and watch.next_at >= started + disk.DISK_CHECK_SPACING * 0.05
 
 
 def test_a_slow_measure_is_still_repeated_at_least_every_disk_check_max_s(tmp_path, monkeypatch):
@@ -128,13 +129,13 @@ def test_a_slow_measure_is_still_repeated_at_least_every_disk_check_max_s(tmp_pa
     overshoots its budget by at most that long's writes."""
     import time
 
-    class SlowTree(sandbox._DiskWatch):
+    class SlowTree(disk.DiskWatch):
         def usage(self):
             time.sleep(0.05)  # spaced out 10x: 0.5 s, past the cap set below
             return 0, 1
 
-    monkeypatch.setattr(sandbox, "DISK_CHECK_S", 0.0)
-    monkeypatch.setattr(sandbox, "DISK_CHECK_MAX_S", 0.2)
+    monkeypatch.setattr(disk, "DISK_CHECK_S", 0.0)
+    monkeypatch.setattr(disk, "DISK_CHECK_MAX_S", 0.2)
     watch = SlowTree(str(tmp_path))
     started = time.monotonic()
     assert not watch.check()
