@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from trainers.cli.common import UsageError, quiet_libraries
+from trainers.engine.connections import ServeLimits
 from trainers.engine.server import ModelLoadError, check_port, serve
 from trainers.policy.adapters import export_merged, is_adapter_dir
 from trainers.policy.gguf import is_gguf_source, resolve_model_dir
@@ -39,11 +40,21 @@ def add_parser(commands) -> None:
                                                           "on a GPU that has it): the weights' dtype")
     serve.add_argument("--base", metavar="DIR", help="an adapter's base model directory (default: the one the "
                                                      "adapter names)")
+    limits = serve.add_argument_group("limits", "what one client may send and hold; a request beyond them is "
+                                                "answered with an OpenAI-style JSON error (400, 408, 411, 413, 503)")
+    for name, flag, kind, default, text in ServeLimits.flags():
+        limits.add_argument(flag, dest=name, type=kind, default=default, metavar="N" if kind is int else "S",
+                            help=text)
     serve.set_defaults(handler=run)
 
 
+def limits_of(args) -> ServeLimits:
+    """The ServeLimits of parsed `marl serve` arguments (ValueError naming the flag when one is out of range)."""
+    return ServeLimits(**{name: getattr(args, name) for name, *_ in ServeLimits.flags()})
+
+
 def run(args) -> int:
-    """Serve until Ctrl-C; a bad port, a missing or broken model, or a busy address is one line, exit 2."""
+    """Serve until Ctrl-C; a bad port or limit, a missing or broken model, or a busy address is one line, exit 2."""
     quiet_libraries()
     from trainers.policy.loading import placement
 
@@ -51,12 +62,13 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         check_port(args.port)  # before a merge, which reads the whole model
+        limits = limits_of(args)
         device, dtype = placement(args.device, args.dtype, section="serve", purpose="serve")  # one line, exit 2
         with tempfile.TemporaryDirectory(prefix="marl-serve-") as scratch:
             model_dir = servable_dir(args.model_dir, args.base, Path(scratch))
             check_model_fits(args.model_dir, model_dir, str(dtype), device)  # too large: one line now
             serve(model_dir, args.host, args.port, args.name or Path(args.model_dir).name,
-                  enable_lora=args.enable_lora, device=device, dtype=dtype)
+                  enable_lora=args.enable_lora, device=device, dtype=dtype, limits=limits)
     except (ValueError, ModelLoadError, FileNotFoundError) as error:  # checked before anything is served
         raise UsageError(str(error)) from None
     except OSError as error:

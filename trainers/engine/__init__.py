@@ -4,6 +4,9 @@
     inprocess.py   this process: the KV-cache sampler of trainers/policy/generation.py on the live weights
     http.py        an OpenAI-compatible generation server (vLLM, or `marl serve --enable-lora`): token-id
                    prompts, logprobs, LoRA adapters published under versioned names, stale answers refused
+    server.py      `marl serve`: the OpenAI-compatible HTTP server over a local model (chat, completions)
+    connections.py its limits (`ServeLimits`): body and header sizes, read and idle deadlines, a bounded
+                   worker pool and queue answering 503 when full
     serving.py     the server side of that protocol in `marl serve` (/v1/completions, load/unload adapters)
     correction.py  the sampler/trainer mismatch and its truncated importance-sampling weights (train.tis_cap)
 

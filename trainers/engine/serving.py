@@ -18,6 +18,10 @@ Runtime adapters are off unless the server was started with `--enable-lora` (as 
 Only safetensors weights are read (never a pickle), and an adapter trained on another base is refused
 with the reason. A name is loaded once: loading it again is an error, as in vLLM.
 
+The server's bounds (`marl serve --max-prompt-tokens`, `--max-new-tokens`; trainers/engine/connections.py)
+are checked here too: a prompt over the first, or a `max_tokens` over the second, is a 400 naming the
+flag (never a silently shortened answer), as is a prompt plus `max_tokens` over the model's context.
+
 Concurrent completion requests are batched: whoever gets the model runs every waiting request with
 the same model and sampling settings in one `sample_completions` call (keyed rows do not depend on
 their batch, so batching changes no token).
@@ -39,10 +43,28 @@ from trainers.policy.adapters import AdapterBase, AdapterBaseError
 MAX_PROMPTS = 256  # prompts x n in one request
 MAX_BATCH_ROWS = 64  # completions decoded in one sample_completions call (waiting requests are chunked)
 MAX_N = 64
+FALLBACK_CONTEXT = 4096  # the prompt bound when a model's config names no context length
 
 
 def _bad(message: str) -> RequestError:
     return RequestError(400, "invalid_request_error", message)
+
+
+def cap_error(name: str, value, cap: int) -> RequestError:
+    """The 400 for a max_tokens over the server's cap (refused, never cut: the client asked for that many)."""
+    return _bad(f"{name} must be at most {cap}, got {value!r}: the cap on new tokens of this server "
+                "(marl serve --max-new-tokens)")
+
+
+def check_lengths(prompt_tokens: int, max_tokens: int, name: str, service: CompletionService) -> None:
+    """A 400 RequestError when a prompt is over the server's prompt bound, or it plus `max_tokens` is over
+    the model's context."""
+    if prompt_tokens > service.max_prompt_tokens:
+        raise _bad(f"the prompt is {prompt_tokens} tokens; this server takes at most {service.max_prompt_tokens} "
+                   "(marl serve --max-prompt-tokens; default the model's context)")
+    if service.context and prompt_tokens + max_tokens > service.context:
+        raise _bad(f"a prompt of {prompt_tokens} tokens plus {name}={max_tokens} is more than the model's "
+                   f"context of {service.context} tokens; shorten the prompt or lower {name}")
 
 
 def _integer(payload: dict, name: str, default: int, low: int, high: int) -> int:
@@ -69,8 +91,12 @@ class _Job:
 class CompletionService:
     """Token-id completions and runtime LoRA adapters over a `LocalModel`'s model (see the module docstring)."""
 
-    def __init__(self, local_model, model_dir: str | Path, *, enable_lora: bool = False):
+    def __init__(self, local_model, model_dir: str | Path, *, enable_lora: bool = False,
+                 max_prompt_tokens: int | None = None, max_new_tokens: int = 4096):
         self.local = local_model
+        self.context = getattr(local_model.model.config, "max_position_embeddings", None)  # GPT-2: n_positions
+        self.max_prompt_tokens = max_prompt_tokens or self.context or FALLBACK_CONTEXT
+        self.max_new_tokens = max_new_tokens
         self.model_dir, self.enable_lora = Path(model_dir), enable_lora
         self.adapters = None  # trainers.policy.adapters.AdapterBase, once an adapter is loaded
         self.names: dict[str, object] = {}  # loaded adapter name -> AdapterPolicy
@@ -147,6 +173,8 @@ class CompletionService:
     def complete(self, payload: dict) -> dict:
         """One /v1/completions answer (a RequestError for a bad request)."""
         model = payload.get("model") or self.local.name
+        if not isinstance(model, str):
+            raise _bad(f"model must be a string, got {model!r:.60}")
         if model != self.local.name and model not in self.names:
             raise RequestError(404, "not_found_error", f"model {model!r} not found; this server serves "
                                                        f"{', '.join([self.local.name, *self.names])}")
@@ -156,18 +184,18 @@ class CompletionService:
             raise _bad(f"{len(prompts)} prompts x n={n} is more than {MAX_PROMPTS} completions in one request")
         vocabulary = int(self.local.model.config.vocab_size)
         stops = payload.get("stop_token_ids") or []
-        if not isinstance(stops, list) or not all(isinstance(t, int) and 0 <= t < vocabulary for t in stops):
+        if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocabulary
+                                                  for t in stops):
             raise _bad(f"stop_token_ids must be a list of token ids (0 to {vocabulary - 1})")
         if payload.get("logprobs") is not None and payload.get("logprobs") not in (0, 1):
             raise _bad(f"logprobs must be 0 or 1, got {payload.get('logprobs')!r}: marl serve returns the sampled "
                        "token's logprob only (/v1/chat/completions has top_logprobs)")
         temperature = checked_number(payload, "temperature", 1.0, 0.0, 100.0)
-        max_tokens = _integer(payload, "max_tokens", 16, 1, 4096)
-        context = getattr(self.local.model.config, "max_position_embeddings", None)
-        longest = max(len(ids) for ids in prompts)
-        if context and longest + max_tokens > context:
-            raise _bad(f"a prompt of {longest} tokens plus max_tokens={max_tokens} is more than the model's "
-                       f"context of {context} tokens; shorten the prompt or lower max_tokens")
+        asked = payload.get("max_tokens")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > self.max_new_tokens:
+            raise cap_error("max_tokens", asked, self.max_new_tokens)
+        max_tokens = _integer(payload, "max_tokens", 16, 1, self.max_new_tokens)
+        check_lengths(max(len(ids) for ids in prompts), max_tokens, "max_tokens", self)
         key = (model, n, max_tokens, temperature,
                checked_number(payload, "top_p", 1.0, 1e-6, 1.0), temperature == 0,
                tuple(sorted({*stops, *self.local.stop_ids})))
