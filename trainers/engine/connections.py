@@ -158,7 +158,7 @@ class BoundedHTTPServer(HTTPServer):
     request_queue_size = 256  # the listen backlog: a rollout engine opens one connection per row at once
 
     def __init__(self, address, handler, limits: ServeLimits):
-        super().__init__(address, handler)
+        # The state comes before the bind: a failed bind (a busy port) calls server_close() at once.
         self.limits = limits
         self._selector = selectors.DefaultSelector()
         self._parked: dict[socket.socket, float] = {}  # silent connection -> when it expires (in that order)
@@ -167,6 +167,8 @@ class BoundedHTTPServer(HTTPServer):
         self._slots = threading.BoundedSemaphore(limits.workers + limits.queue)  # served + waiting
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._stop, self._stopped, self._closed = threading.Event(), threading.Event(), False
+        self._workers: list[threading.Thread] = []
+        super().__init__(address, handler)
         self._workers = [threading.Thread(target=self._work, name=f"marl-serve-worker-{i}", daemon=True)
                          for i in range(limits.workers)]
         for worker in self._workers:
