@@ -13,7 +13,8 @@ Layout under a run directory:
 
 Every checkpoint is written into a temporary directory, its manifest last, and renamed into place,
 and `latest` is replaced atomically, so a crash mid-write never leaves a half checkpoint that resume
-would read. A checkpoint damaged later (a file cut short or changed) fails its manifest: resume skips
+would read; what such a crash leaves is removed at the next start and the next write
+(trainers/records/interrupted.py). A checkpoint damaged later (a file cut short or changed) fails its manifest: resume skips
 it for the newest intact one and says so, and it is never kept as a run's final checkpoint.
 """
 
@@ -29,20 +30,27 @@ from pathlib import Path
 import torch
 
 from common.files import write_directory_atomically, write_text_atomically
+from trainers.records.interrupted import checkpoints_lock, remove_leftovers_locked
 from trainers.records.manifest import manifest_problem, write_manifest
 
 KEEP_LAST = 2  # complete checkpoints kept on disk
 
 
 def save_checkpoint(trainer, run_dir: str | Path) -> Path:
-    """Write the trainer's full state under run_dir/checkpoints/step-N atomically; return its path."""
+    """Write the trainer's full state under run_dir/checkpoints/step-N atomically; return its path.
+
+    The write holds the lock of the checkpoints folder (trainers/records/interrupted.py), and first
+    removes what interrupted writes left there."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{trainer.step_count:06d}"
     target = root / name
     try:
-        write_directory_atomically(target, lambda tmp: _write_state(trainer, tmp))
-        write_text_atomically(root / "latest", name)
+        with checkpoints_lock(root) as held:
+            if held:
+                remove_leftovers_locked(root)
+            write_directory_atomically(target, lambda tmp: _write_state(trainer, tmp))
+            write_text_atomically(root / "latest", name)
     except (OSError, RuntimeError) as error:  # a full disk: torch raises RuntimeError, the rest OSError
         last = latest_checkpoint(run_dir, full=False)
         kept = (f"the last complete checkpoint, {last.name}, is intact: free some space and continue with --resume"

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainers.records.interrupted import is_unfinished
+
 MODEL_FILES = ("config.json", "adapter_config.json")  # a full model, or a LoRA adapter (peft)
 
 
@@ -42,6 +44,10 @@ def resolve_checkpoint(path: str | None) -> Path | None:
     if path is None:
         return None
     given = Path(path)
+    if is_unfinished(given) and given.parent.name == "checkpoints":
+        raise CheckpointError(f"--checkpoint {path}: an unfinished checkpoint, left by a write that was interrupted "
+                              "(it is removed when the run next starts); pass a checkpoints/step-N directory or the "
+                              "run directory")
     if not given.is_dir():
         raise CheckpointError(f"--checkpoint {path}: no such directory (pass a run directory or its "
                               "checkpoints/step-N directory)")

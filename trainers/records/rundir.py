@@ -3,7 +3,7 @@
     OUT/run.json   {"wandb_run_id": ..., "starts": [{"step": 0, "time": ...}, {"step": 4, ...}]}
 
 A directory that holds a run with a checkpoint continues only with `--resume` (from its newest intact
-checkpoint). One that holds the files of a run that stopped before its first checkpoint is never
+checkpoint; what interrupted checkpoint writes left is removed first, trainers/records/interrupted.py). One that holds the files of a run that stopped before its first checkpoint is never
 appended to: `--resume` starts it again from step 0, replacing those files, and without `--resume`
 marl refuses and says so. A directory marl cannot write to is refused before any work, and a write
 that fails mid-run (a full disk, `ulimit -f`) stops the run with one line naming the file, the intact
@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.files import write_text_atomically
+from trainers.records.interrupted import remove_leftovers
 
 STATE_FILE = "run.json"
 # everything a run writes into its directory (a run that stopped before its first checkpoint leaves some)
@@ -51,6 +52,9 @@ def open_run_directory(out: Path, resume: bool, log: Callable[[str], None] = pri
         if found:
             raise RunDirectoryError(_holds_a_run(out, found))
         return None
+    removed = remove_leftovers(out)
+    if removed:
+        log(f"removed what interrupted checkpoint writes left in {out / 'checkpoints'}: {', '.join(removed)}")
     checkpoint = resume_checkpoint(out, log)
     if checkpoint is None and found:
         log(f"--resume: {out} has no checkpoint (the run stopped before its first one); starting again from "
