@@ -6,6 +6,8 @@
     chat.py     the one rendering of chat messages (render_chat), end-of-turn and stop ids, the pad
                 token, model-directory checks (transformers only inside functions)
     lazy.py     a package's public names imported on first use (the one import a package top makes)
+    text.py     text from outside (an endpoint's error, a model's output) as one bounded line of plain
+                text for a terminal (printable)
 
 The lowest layer: judges, marl and trainers may import it.
 

@@ -49,6 +49,7 @@ def _import_file(ref: str, module_name: str, base_dir: Path) -> Any | None:
         return sys.modules[unique]
     spec = importlib.util.spec_from_file_location(unique, path)
     module = importlib.util.module_from_spec(spec)
+    module.__marl_source__ = (module_name, str(base_dir.resolve()))  # how a tool host imports it again
     sys.modules[unique] = module
     sys.path.insert(0, str(base_dir))  # sibling imports of the tool file resolve while it loads
     try:

@@ -1,7 +1,8 @@
 """marl: the torch-free core. Core nouns on top, two rooms below.
 
 Top: `types.py` (Task and the plain data every layer shares), `options.py` (every option list of
-the settings, defined once), `env.py` (a scenario as a PettingZoo environment), `tools.py`,
+the settings, defined once), `env.py` (a scenario as a PettingZoo environment), `tools.py`
+(with `tool_host.py` and `tool_process.py`: calls run in processes a timeout and a memory limit stop),
 `rewards.py` (episode rewards from a reward spec), `blend.py` (rule and judge scores into one
 reward), `rollout.py` (the one lockstep episode engine: absent modes, replays with common random
 numbers), `selfplay.py` (the opponent pool), `policies.py` (scripted policies for tests and

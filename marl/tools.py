@@ -32,9 +32,12 @@ default applies). Only the first `max_text_chars` characters are searched, and a
 calls are returned per text. A tool name that is an ordinary word followed by "(" in prose reads as a
 call: prefer distinctive tool names (`get_weather`, not `add`).
 
-Execution runs the tool in a daemon thread and waits `timeout_s`. A Python thread cannot be killed:
-a timed-out tool keeps running in the background, so tools must be well-behaved (bounded work, no
-infinite loops). Results become text (JSON for dicts/lists/tuples, `str` otherwise), clipped.
+Execution (marl/tool_host.py): a tool with a timeout runs in another process (a tool host, or a child
+forked for the call), under `timeout_s` and `memory_mb` (what it may add to the address space), and
+that process is killed when either runs out: a tool that loops, sleeps or allocates without end
+becomes an error observation, and its memory is returned at once. A tool without a timeout
+(`timeout_s=None`, trusted code only) runs in the calling thread. Results become text (JSON for
+dicts/lists/tuples, `str` otherwise), clipped.
 """
 
 from __future__ import annotations
@@ -44,13 +47,13 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from judges.types import ToolCallRecord
 from common.imports import resolve_callable as load_tool  # noqa: F401 - re-exported
+from judges.types import ToolCallRecord
+from marl.tool_host import run_tool
+from marl.tool_process import DEFAULT_MEMORY_MB, clip_text
 
 _NAME_KEYS = ("tool", "tool_name", "name", "function")
 _ARG_KEYS = ("arguments", "args", "parameters", "params", "input")
@@ -73,29 +76,31 @@ class _ArgError(ValueError):
     """A tool call whose arguments are broken (becomes `ParsedCall.error`)."""
 
 
-class _ToolTimeout(Exception):
-    """The tool did not finish within its timeout."""
-
-
 class _Bare(str):
     """An unquoted value from call syntax: text for string parameters, a literal otherwise."""
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A tool: `function(**arguments)` described by a JSON-schema-like `parameters` object."""
+    """A tool: `function(**arguments)` described by a JSON-schema-like `parameters` object. A call may
+    take `timeout_s` seconds and add `memory_mb` to its process's address space (None: no limit);
+    `timeout_s=None` runs it in the calling thread, with neither limit (trusted code only)."""
 
     name: str
     function: Callable[..., Any]
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     timeout_s: float | None = 5.0
+    memory_mb: int | None = DEFAULT_MEMORY_MB
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z_][\w\-]*", self.name or ""):
             raise ValueError(f"tool name {self.name!r} must be an identifier (letters, digits, '_' or '-')")
         if not callable(self.function):
             raise ValueError(f"tool {self.name!r}: function {self.function!r} is not callable")
+        if self.memory_mb is not None and not (isinstance(self.memory_mb, int) and self.memory_mb > 0):
+            raise ValueError(f"tool {self.name!r}: memory_mb must be a whole number of MB > 0 (or None), "
+                             f"got {self.memory_mb!r}")
         props = self.parameters.get("properties") or {}
         if not isinstance(props, dict) or not all(isinstance(v, dict) for v in props.values()):
             raise ValueError(f"tool {self.name!r}: parameters.properties must map each argument name to a schema")
@@ -520,25 +525,19 @@ class ToolRegistry:
             self._count(agent, valid=False, ok=False)
             usage = f"; usage: {spec.usage().split(' - ')[0]}" if spec else ""
             return ToolCallRecord(agent, parsed.name, args, False, self._clip(f"error: invalid call: {error}{usage}"))
-        try:
-            result, ok = self._clip(_to_text(_run_with_timeout(spec, args))), True
-        except _ToolTimeout:
-            result, ok = f"error: TimeoutError: {spec.name} did not finish within {spec.timeout_s} s", False
-        except BaseException as exc:  # noqa: BLE001 - a tool failure is an observation, never a crash
-            result, ok = self._clip(f"error: {type(exc).__name__}: {exc}"), False
+        kind, text = run_tool(spec.function, args, timeout_s=spec.timeout_s, memory_mb=spec.memory_mb,
+                              max_chars=self.max_result_chars)
+        ok = kind == "ok"
         self._count(agent, valid=True, ok=ok)
-        return ToolCallRecord(agent, spec.name, args, ok, result)
+        return ToolCallRecord(agent, spec.name, args, ok, text if kind in ("ok", "error") else
+                              self._clip(_stopped(spec, kind, text)))
 
     def run_all(self, agent: str, text: str) -> list[ToolCallRecord]:
         """Parse `text` and run every call in it, in order."""
         return [self.call(agent, parsed) for parsed in self.parse(text)]
 
     def _clip(self, text: str) -> str:
-        limit = self.max_result_chars
-        if len(text) <= limit:
-            return text
-        note = f"... [clipped {len(text) - limit} chars]"
-        return text[:max(0, limit - len(note))] + note[:limit]
+        return clip_text(text, self.max_result_chars)
 
     def _count(self, agent: str, valid: bool, ok: bool) -> None:
         with self._lock:
@@ -563,33 +562,12 @@ class ToolRegistry:
             self._stats.clear()
 
 
-def _run_with_timeout(spec: ToolSpec, args: dict[str, Any]) -> Any:
-    """spec.function(**args) in a daemon thread; FutureTimeout if it is not done within spec.timeout_s."""
-    if spec.timeout_s is None:
-        return spec.function(**args)
-    future: Future = Future()
-
-    def work() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(spec.function(**args))
-            except BaseException as exc:  # noqa: BLE001
-                future.set_exception(exc)
-
-    threading.Thread(target=work, name=f"tool-{spec.name}", daemon=True).start()
-    try:
-        return future.result(timeout=spec.timeout_s)
-    except FutureTimeout:
-        if future.done():  # the tool itself raised TimeoutError: report it as such
-            raise
-        raise _ToolTimeout() from None
-
-
-def _to_text(value: Any) -> str:
-    """A tool result as observation text: JSON for dicts/lists/tuples, str otherwise."""
-    if isinstance(value, (dict, list, tuple)):
-        try:
-            return json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
+def _stopped(spec: ToolSpec, kind: str, how: str) -> str:
+    """The observation of a call that was stopped: out of time, out of memory, or dead without a result."""
+    if kind == "timeout":
+        return f"error: TimeoutError: {spec.name} did not finish within {spec.timeout_s} s"
+    if kind == "memory":
+        limited = spec.timeout_s is not None and spec.memory_mb is not None
+        return f"error: MemoryError: {spec.name} " + (f"went over its memory limit of {spec.memory_mb} MB" if limited
+                                                       else "ran out of memory")
+    return f"error: ToolError: {spec.name} stopped without a result: {how}"

@@ -35,6 +35,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+from common.text import printable
 from judges.model.backend import ChatRequest, ChatResponse
 from judges.model.cache import JudgeCache
 
@@ -137,7 +138,7 @@ class JudgeLedger:
                 if state is None:
                     self._health[endpoint] = {"since": self.clock() - response.latency, "lost_s": response.latency,
                                               "failed": 1, "error": response.error}
-                    line = (f"judge endpoint {endpoint} is failing: {response.error} (after {response.attempts} "
+                    line = (f"judge endpoint {endpoint} is failing: {printable(response.error)} (after {response.attempts} "
                             "tries); its judgments are masked until it answers again")
                 else:
                     state["lost_s"] += response.latency

@@ -50,15 +50,17 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from common.text import printable
 from judges.model.backend import MAX_RESPONSE_BYTES, ChatRequest, ChatResponse, checked_response
 from judges.model import ledger as ledgers
 from judges.model.cache import JudgeCache
 
 RETRYABLE_STATUS_CODES = frozenset({408, 409, 429})
+ERROR_CHARS = 500  # of an error's text: the endpoint's own words are shown as one line of plain text
 
 
 from judges.model.backend import run_sync  # noqa: E402,F401 - re-exported; one shared loop for every judge
@@ -232,7 +234,14 @@ def _error_message(exc: BaseException) -> str:
 
 
 def classify_error(exc: BaseException) -> Failure:
-    """Retryable (408/409/429/5xx, connection, timeout) or terminal (everything else)."""
+    """Retryable (408/409/429/5xx, connection, timeout) or terminal (everything else). The error text
+    carries the server's words: it is made one line of plain text, at most ERROR_CHARS (escape sequences
+    and control characters removed, common.text), as it is printed, logged and written into reports."""
+    failure = _classify(exc)
+    return replace(failure, error=printable(failure.error, ERROR_CHARS))
+
+
+def _classify(exc: BaseException) -> Failure:
     name = type(exc).__name__
     if (too_large := _too_large(exc)) is not None:
         return Failure("api_error", False, str(too_large))
@@ -301,7 +310,7 @@ def parse_completion(completion: Any, *, latency: float = 0.0, attempts: int = 1
     common = dict(text=text, finish_reason=finish_reason, token_logprobs=_token_logprobs(_field(choice, "logprobs")),
                   usage=_usage(_field(completion, "usage")), latency=latency, attempts=attempts)
     if refusal:
-        return ChatResponse("refusal", error=f"refusal: {refusal}", **common)
+        return ChatResponse("refusal", error=printable(f"refusal: {refusal}", ERROR_CHARS), **common)
     if finish_reason == "content_filter":
         return ChatResponse("refusal", error="refusal: content_filter", **common)
     if finish_reason == "length":
@@ -317,8 +326,8 @@ def _with_cause(error: str, exc: BaseException) -> str:
         if (cause.__cause__ or cause.__context__) is None:
             break
         cause = cause.__cause__ or cause.__context__
-    text = " ".join(str(cause).split())
-    return f"{error} ({text})" if cause is not exc and text and text not in error else error
+    text = printable(cause, ERROR_CHARS)
+    return printable(f"{error} ({text})" if cause is not exc and text and text not in error else error, ERROR_CHARS)
 
 
 async def _awaited(value):
@@ -498,8 +507,8 @@ class OpenAIBackend:
                 response = parse_completion(completion, latency=time.monotonic() - start, attempts=attempts)
                 return checked_response(response, self.max_response_bytes)
             except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
-                return ChatResponse("api_error", error=f"malformed response: {type(exc).__name__}: {exc}",
-                                    latency=time.monotonic() - start, attempts=attempts)
+                error = printable(f"malformed response: {type(exc).__name__}: {exc}", ERROR_CHARS)
+                return ChatResponse("api_error", error=error, latency=time.monotonic() - start, attempts=attempts)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         """One request, one response (cache first); never raises for endpoint failures.
@@ -563,7 +572,7 @@ class OpenAIBackend:
         if not served or self.model in served:
             return None
         shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
-        return f"404: model {self.model!r} is not served there (it serves {shown})"
+        return printable(f"404: model {self.model!r} is not served there (it serves {shown})", ERROR_CHARS)
 
     async def complete_many(self, requests: Sequence[ChatRequest],
                             progress: Callable[[int, int], None] | None = None) -> list[ChatResponse]:

@@ -11,6 +11,7 @@ queue (the script); when the queue is empty the `default` behaviour answers. A b
     ("length"[, text])                   200, finish_reason "length" (a truncated answer)
     ("refusal"[, text])                  200, message.refusal set, content null
     ("chunked", text)                    200 like "ok", but sent chunked, with no Content-Length
+    ("raw", code, body[, headers])       that status with `body` (bytes) as it is: a non-JSON error page
 
 Logprobs may be NaN or infinite: they are written as the bare `NaN` / `Infinity` tokens that Python's
 json (and so the openai client) reads back, as a faulty server would send them.
@@ -19,7 +20,8 @@ json (and so the openai client) reads back, as a faulty server would send them.
 any other model a 404 `model_not_found` (as real endpoints do). `latency_s` is added to every chat
 request. Counters: `requests`, `in_flight`, `max_in_flight`, and `bodies` (the parsed requests).
 `fail(behaviour)` makes every chat request answer `behaviour` (ahead of the script) until `fail(None)`:
-an endpoint that goes down and comes back on the test's command. `GET /v1/models` is not counted.
+an endpoint that goes down and comes back on the test's command. `GET /v1/models` is not counted;
+`models_failure`, when set to a behaviour, is how it answers (a probe that fails).
 
     with JudgeServer(default=("ok", "[[A]]"), latency_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.url, api_key="x")
@@ -96,6 +98,7 @@ class JudgeServer:
         self.max_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
         self.failing: Behaviour | None = None
+        self.models_failure: Behaviour | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._httpd: _Server | None = None
@@ -198,6 +201,8 @@ class JudgeServer:
             return 200, {}, b'{"id": "chatcmpl-broken", "choices": [{"message": '
         elif kind == "chunked":
             return 200, {"Transfer-Encoding": "chunked"}, json.dumps(completion_body(model, args[0])).encode()
+        elif kind == "raw":
+            return int(args[0]), dict(args[2]) if len(args) > 2 else {}, bytes(args[1])
         else:
             raise ValueError(f"unknown behaviour {behaviour!r}")
         return 200, {}, json.dumps(payload).encode()
@@ -233,6 +238,9 @@ def _make_handler(server: JudgeServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":
                 self._send(404, {}, json.dumps(_error_body(404, "not found")).encode())
+                return
+            if server.models_failure is not None:
+                self._send(*server._render(server.models_failure, ""))
                 return
             names = server.models or ()  # a server that answers any model lists none (a probe then checks nothing)
             data = [{"id": name, "object": "model", "created": 0, "owned_by": "judge-server"} for name in names]

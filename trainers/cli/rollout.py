@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from common.chat import check_model_dir
+from common.text import printable
 from judges.model.gguf_source import is_gguf_source
 from marl.credit.coalitions import episode_credit
 from trainers.cli.common import (UsageError, add_judge_cache_argument, add_play_arguments, judge_cache_path, judged,
@@ -132,22 +133,29 @@ def _format_breakdown(name: str, breakdown) -> list[str]:
         f"{layer} {score:.2f}" if score is not None else f"{layer} -" for layer, score in breakdown.layers.items())]
     for part in breakdown.components:
         score = "failed" if part["score"] is None else f"{part['score']:.2f}"
-        lines.append(f"    {part['layer']:<8} {part['kind']:<11} {score:>6}  {part['rationale'][:90]}")
+        lines.append(f"    {part['layer']:<8} {part['kind']:<11} {score:>6}  {printable(part['rationale'], 90)}")
     for penalty in breakdown.penalties:
         if penalty["applied"]:
-            lines.append(f"    penalty  {penalty['kind']:<11} -{penalty['amount']:.2f}  {penalty['rationale'][:90]}")
+            lines.append(f"    penalty  {penalty['kind']:<11} -{penalty['amount']:.2f}  {printable(penalty['rationale'], 90)}")
     return lines
 
 
+def _quoted(text, limit: int = 2000) -> str:
+    """Model text as a Python literal (repr escapes every control character), cut to `limit` characters."""
+    text = str(text)
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r} ... [{len(text) - limit} chars cut]"
+
+
 def print_episode(result) -> None:
-    """A readable transcript with each heard observation, the action, tool results and rewards."""
-    print(f"task {result.task.id}: {result.task.prompt!r}  (answer {result.task.answer!r})")
+    """A readable transcript with each heard observation, the action, tool results and rewards: what
+    models and judges wrote is shown quoted or as plain text (no escape sequence reaches the terminal)."""
+    print(f"task {result.task.id}: {_quoted(result.task.prompt)}  (answer {_quoted(result.task.answer)})")
     for turn in result.observations:
-        print(f"  {turn['agent']} sees {turn['observation']!r}")
-        print(f"  {turn['agent']} says {turn['action']!r}")
+        print(f"  {turn['agent']} sees {_quoted(turn['observation'])}")
+        print(f"  {turn['agent']} says {_quoted(turn['action'])}")
     for entry in result.transcript:  # a game's referee: its verdict on the turn it ended (marl.env)
         if entry.get("referee"):
-            print(f"  referee: {entry['referee']}")
+            print(f"  referee: {printable(entry['referee'])}")
     for name, breakdown in result.breakdown.items():
         for line in _format_breakdown(name, breakdown):
             print(line)
