@@ -10,14 +10,16 @@
 `marl serve` and the local judge backend (judges/model/local_backend.py) render client messages with
 `render_chat`; the trainers render an agent's turn (role = system, observation = user) with it too
 (trainers/policy/prompts.py), so a model is trained, evaluated and served with the same prompts.
-Nothing here imports torch; transformers only inside `check_model_dir`, so that importing this module
-(as judges, marl serve and the torch-free trainer modules do) loads no heavy library.
+Nothing here imports torch or transformers at import time, only inside `check_model_dir`, so that importing
+this module (as judges, marl serve and the torch-free trainer modules do) loads no heavy library.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+
+from common.model_files import SAVE_FIX, model_folder_problem, shape_problem
 
 CHAT_MODES = ("auto", "none")  # marl.options.CHAT_TEMPLATE_MODES; common may not import marl
 _MARK = "\u2063marl-end-of-turn\u2063"  # an assistant message no template rewrites, to find what follows it
@@ -105,23 +107,22 @@ def ensure_pad_token(tokenizer, log=None):
 def check_model_dir(path: str | Path) -> str | None:
     """What is wrong with a model directory, in one line naming the fix; None when it loads.
 
-    Reads only config.json and the tokenizer (quick), so a bad directory is refused before any
-    weights are loaded or anything trains.
+    Reads the files' headers (common/model_files.py: special files, pickle or damaged weights, no
+    tokenizer, a config.json that does not match the weights), config.json and the tokenizer, never
+    the weights, so a bad directory is refused before any weights are loaded or anything trains.
     """
     from transformers import AutoConfig, AutoTokenizer  # lazy: importing common.chat loads no heavy library
 
-    path, fix = Path(path), "pass a directory written by save_pretrained (config.json, weights, tokenizer)"
-    if not path.is_dir():
-        return f"{path} is not a directory; {fix}"
-    if not (path / "config.json").exists():
-        return f"{path} is not a Hugging Face model directory (no config.json); {fix}"
+    path = Path(path)
+    if (problem := model_folder_problem(path, require_weights=False)) is not None:  # no weights: the loader says
+        return problem
     for what, load in (("config.json", AutoConfig.from_pretrained), ("tokenizer", AutoTokenizer.from_pretrained)):
         try:
             loaded = load(path)
         except Exception as error:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
             message = " ".join(str(error).split())[:200]
-            return f"{path}: the {what} does not load ({type(error).__name__}: {message}); {fix}"
+            return f"{path}: the {what} does not load ({type(error).__name__}: {message}); {SAVE_FIX}"
     if loaded.pad_token_id is None and loaded.eos_token_id is None:
         return (f"{path}: the tokenizer has neither a pad token nor an eos token; set tokenizer.eos_token "
                 "(and optionally pad_token) and save the tokenizer again")
-    return None
+    return shape_problem(path)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.files import write_text_atomically
+from common.files import FileProblem, read_json_objects, write_text_atomically
 from judges.model.backend import run_sync
 from judges.model.openai_backend import OpenAIBackend
 from judges.model.prompted import PairwiseJudge
@@ -79,8 +79,7 @@ def read_items(path: str | Path, gold_path: str | Path | None = None) -> list[Re
     from judges.stats.bias_report import ReportItem
 
     items, golds = [], _read_gold(gold_path) if gold_path else {}
-    for number, line in _lines(path):
-        data = _json_line(path, number, line)
+    for number, data in _objects(path, "with prompt and candidates"):
         candidates = data.get("candidates")
         if not isinstance(data.get("prompt"), str) or not isinstance(candidates, list) or not candidates \
                 or not all(isinstance(c, str) for c in candidates):
@@ -88,36 +87,34 @@ def read_items(path: str | Path, gold_path: str | Path | None = None) -> list[Re
                                 "(a non-empty list of strings)")
         item_id = str(data.get("id", number))
         gold = golds.get(item_id, data.get("gold"))
-        if gold is not None and not (isinstance(gold, int | float) and not isinstance(gold, bool)):
-            raise WorkflowError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r}")
+        if gold is not None and not _gold_fits(gold, len(candidates)):
+            raise WorkflowError(f"{path}:{number}: 'gold' must be a candidate index or a score, got {gold!r:.80} "
+                                f"(an index from 0 to {len(candidates) - 1}, or the first candidate's score in [0, 1])")
         items.append(ReportItem(id=item_id, prompt=data["prompt"], candidates=tuple(candidates), gold=gold))
     if not items:
         raise WorkflowError(f"{path}: no items (expected one JSON object per line)")
     return items
 
 
-def _lines(path) -> list[tuple[int, str]]:
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise WorkflowError(f"cannot read {path}: {error.strerror or error}") from None
-    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+def _gold_fits(gold, candidates: int) -> bool:
+    """A gold label is the index of a candidate (an int) or the first candidate's score in [0, 1] (a float)."""
+    if isinstance(gold, bool) or not isinstance(gold, int | float):
+        return False
+    return 0 <= gold < candidates if isinstance(gold, int) else 0.0 <= gold <= 1.0
 
 
-def _json_line(path, number: int, line: str) -> dict:
+def _objects(path, what: str) -> list[tuple[int, dict]]:
+    """(line number, object) of a JSON-lines file (common.files.read_json_objects: a regular file, bounded,
+    UTF-8, bounded JSON); its FileProblem as a WorkflowError of the same line."""
     try:
-        data = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise WorkflowError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(data, dict):
-        raise WorkflowError(f"{path}:{number}: expected a JSON object")
-    return data
+        return read_json_objects(path, what=what)
+    except FileProblem as problem:
+        raise WorkflowError(str(problem)) from None
 
 
 def _read_gold(path) -> dict:
     golds = {}
-    for number, line in _lines(path):
-        data = _json_line(path, number, line)
+    for number, data in _objects(path, "with id and gold"):
         if "id" not in data or "gold" not in data:
             raise WorkflowError(f"{path}:{number}: each gold line needs 'id' and 'gold'")
         golds[str(data["id"])] = data["gold"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.model_files import adapter_folder_problem, model_folder_problem
 from marl.rollout import EpisodePlayer
 from trainers.config import resolve_config
 from trainers.policy.actors import SCRIPTED, build_actors
@@ -26,7 +27,7 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
 
     CheckpointError when no model agent of the scenario is played by a model the checkpoint holds.
     """
-    from trainers.policy.loading import place_autocast, placement
+    from trainers.policy.loading import ModelLoadError, place_autocast, placement
     from trainers.policy.tinylm import load_policy
     from trainers.policy.prompts import directory_context
     from trainers.records.checkpoint import CheckpointError
@@ -35,6 +36,10 @@ def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=pr
         log(f"train.engine.kind {scenario.spec.train.engine.kind} applies to marl run: this evaluation generates "
             "in-process")
     trained = checkpoint_models(checkpoint) if checkpoint is not None else {}
+    for directory in trained.values():  # before any of their files is read (a FIFO config.json would hang it)
+        problem = adapter_folder_problem(directory) if is_adapter_dir(directory) else model_folder_problem(directory)
+        if problem is not None:
+            raise ModelLoadError(problem)
     adapters = {key: directory for key, directory in trained.items() if is_adapter_dir(directory)}
     keys = {"shared" if a.policy == "shared" else a.name for a in scenario.spec.agents if _model_played(a)}
     if checkpoint is not None and not keys & set(trained):

@@ -57,6 +57,9 @@ def estimate_run(options, probe_steps: int = 2, log=print) -> dict:
     """Build the run of `options` (a trainers.run.RunOptions), probe it and project the whole run."""
     if probe_steps < 1:
         raise ValueError(f"--probe-steps {probe_steps}: measure at least 1 step (2 or more to leave out warm-up)")
+    if probe_steps > 1000:  # a probe is a few steps; the run it projects is the long one
+        raise ValueError(f"--probe-steps {str(probe_steps)[:40]}: at most 1,000 (a probe times a few steps to "
+                         "project the whole run; use `marl run` to train)")
     scenario, train_tasks, eval_tasks, trainer, _ = prepare(options, log)
     cap = trainer.config.loop.eval_tasks  # the held-out tasks marl run evaluates before and after
     eval_tasks = eval_tasks[:cap] if cap else eval_tasks

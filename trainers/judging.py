@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from common.model_files import model_folder_problem
 from judges.model.backend import run_sync
 from judges.model.factory import build_backend
 from judges.model.gguf_source import GGUFError, is_gguf_source, local_model_path
@@ -59,7 +60,11 @@ def local_judge_dir(model: str, base_dir, cache_dir=None, log=print) -> Path:
 
 def check_local_judge_dir(label: str, directory: Path, log=print) -> None:
     """LocalJudgeError when the model does not fit the memory left; a warning line when its tokenizer has no
-    chat template (reads config, safetensors headers and tokenizer_config.json only: no weights, no torch)."""
+    chat template (reads config, safetensors headers and tokenizer_config.json only: no weights, no torch).
+    A folder marl would not load (a FIFO among its files, pickle-only or truncated weights, no tokenizer:
+    common/model_files.py) is a LocalJudgeError too; one without weights is left to the memory check and loader."""
+    if (problem := model_folder_problem(directory, require_weights=False)) is not None:
+        raise LocalJudgeError(f"{label}: {problem}")
     try:
         check_model_fits(label, directory, "float32", "cpu", fix="use a smaller judge model, or free memory")
     except ModelTooLarge as error:

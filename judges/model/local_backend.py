@@ -33,6 +33,7 @@ from pathlib import Path
 
 from judges.model.backend import ChatRequest, ChatResponse, checked_response
 from common.chat import ensure_pad_token, render_chat, stop_token_ids
+from common.model_files import model_folder_problem, shape_problem
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for a probability of 0
 
@@ -50,9 +51,17 @@ def _load(model_dir: str | Path, *, device: str = "cpu", dtype=None):
     path = Path(model_dir)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    # special files, pickle-only or truncated weights, no tokenizer, a config that does not fit the weights:
+    # said before a loader reads them (the caller names the directory, so the problem is given without it)
+    if (problem := model_folder_problem(path) or shape_problem(path)) is not None:
+        raise ValueError(problem.removeprefix(f"{path}: "))
     tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(path))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(device).eval()
-    return model, tokenizer
+    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, use_safetensors=True,
+                                                       output_loading_info=True)
+    if info.get("missing_keys"):  # transformers would fill them with random numbers and serve those
+        raise ValueError(f"config.json does not match the weights: its model has {sorted(info['missing_keys'])[0]}, "
+                         "which the weights do not hold; use the config.json saved with these weights")
+    return model.to(device).eval(), tokenizer
 
 
 class RequestError(Exception):

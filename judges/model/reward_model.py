@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.model_files import model_folder_problem, shape_problem
 from judges.model.prompted import PairJudgment
 from judges.types import Candidate, Item, Judgment, failed
 
@@ -84,6 +85,9 @@ def read_metadata(directory: str | Path) -> dict:
     if not (directory / "config.json").is_file():
         raise RewardModelError(f"{directory}: not a model directory (no config.json); give a directory written "
                                "by `marl rm train --out DIR`")
+    # a FIFO or device among its files, pickle-only or truncated weights, no tokenizer: before any is read
+    if (problem := model_folder_problem(directory, require_weights=False)) is not None:
+        raise RewardModelError(problem)
     path = directory / METADATA_FILE
     try:
         metadata = json.loads(path.read_text())
@@ -95,8 +99,8 @@ def read_metadata(directory: str | Path) -> dict:
         raise RewardModelError(f"{path}: unreadable ({error}); retrain the reward model") from None
     if not isinstance(metadata, dict) or "tokenizer_sha256" not in metadata:
         raise RewardModelError(f"{path}: not a reward model record (no tokenizer_sha256); retrain the reward model")
-    if not any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir()):
-        raise RewardModelError(f"{directory}: no weight file (*.safetensors or *.bin); the directory is incomplete: "
+    if not any(p.suffix == ".safetensors" for p in directory.iterdir()):
+        raise RewardModelError(f"{directory}: no weight file (*.safetensors); the directory is incomplete: "
                                "copy it again or retrain the reward model")
     return metadata
 
@@ -149,14 +153,24 @@ class RewardModel:
         self.directory = Path(directory).resolve()
         self.metadata = read_metadata(self.directory)
         check_tokenizer(self.directory, self.metadata)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.directory)
-        self.tokenizer.padding_side = "right"
+        if (problem := shape_problem(self.directory)) is not None:  # config.json edited: nothing allocated
+            raise RewardModelError(problem)
+        what = "it does not load"
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(self.directory, dtype=torch.float32)
-        except Exception as error:  # noqa: BLE001 - corrupt or truncated weights raise many kinds
+            self.tokenizer = AutoTokenizer.from_pretrained(self.directory)
+            what = "its chat template fails to render an answer"  # checked now, not once per answer scored
+            render_conversation(self.tokenizer, "1+2=", "3")
+            what = "its weights do not load"
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                self.directory, dtype=torch.float32, use_safetensors=True, output_loading_info=True)
+        except Exception as error:  # noqa: BLE001 - corrupt weights, a failing template raise many kinds
             message = " ".join(str(error).split())[:200]
-            raise RewardModelError(f"{self.directory}: its weights do not load ({type(error).__name__}: {message}); "
+            raise RewardModelError(f"{self.directory}: {what} ({type(error).__name__}: {message}); "
                                    "copy the directory again or retrain the reward model") from None
+        if info.get("missing_keys"):  # transformers would have filled them with random numbers
+            raise RewardModelError(f"{self.directory}: config.json does not match the weights (they do not hold "
+                                   f"{sorted(info['missing_keys'])[0]}); copy the directory again or retrain")
+        self.tokenizer.padding_side = "right"
         if model.config.num_labels != 1:
             raise RewardModelError(f"{self.directory}: the model has {model.config.num_labels} outputs; a reward "
                                    "model has one (num_labels=1)")

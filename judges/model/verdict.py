@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.model_files import model_folder_problem
 from judges.model.backend import ChatRequest, ChatResponse
 from judges.model.prompts import DEFAULT_RUBRIC, defuse
 from judges.types import Judgment
@@ -247,8 +248,8 @@ def local_label_problem(model_dir, labels: Sequence[str] = POINTWISE_LABELS) -> 
     None; None too when the directory has no loadable tokenizer (the model checks say so). For `marl
     validate`: it reads the tokenizer only, never the weights."""
     path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        return None
+    if not (path / "config.json").is_file() or model_folder_problem(path, require_weights=False) is not None:
+        return None  # a FIFO in the tokenizer's place would hang the read: the model checks say what is wrong
     try:
         from transformers import AutoTokenizer
 

@@ -28,13 +28,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from common.files import write_text_atomically
+from common.files import parse_json_line, read_user_text, write_text_atomically
 from judges.strict_json import all_finite, plain
 from judges.stats.inference import brier_score, expected_calibration_error, logistic_fit, logit, sigmoid
 
 FORMAT_VERSION = 1
 INPUT_SPACES = ("prob", "logit")
 UNCERTAINTY_PARAMS = frozenset({"stderr", "slope_se"})  # not used by apply: unknown (null) when infinite
+MAX_FILE_BYTES = 64 << 20  # a calibrator file: an isotonic fit on a million gold pairs is a few MiB
 
 
 def _to_logit(x: np.ndarray, input_space: str) -> np.ndarray:
@@ -159,8 +160,16 @@ class Calibrator:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibrator:
-        """Read a file written by `save`."""
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """Read a file written by `save`; ValueError (one line naming the file) for a file that is not one: a
+        FIFO, a device, not UTF-8, not JSON, bounded as every user file (common.files.FileProblem)."""
+        text = read_user_text(path, max_bytes=MAX_FILE_BYTES, expected="a calibrator JSON file (`marl judges "
+                                                                         "calibrate` writes one)")
+        data = parse_json_line(path, 1, text)
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not a calibrator's fields
+            raise ValueError(f"{path}: not a calibrator file ({type(error).__name__}: {error}); fit one with "
+                             "`marl judges calibrate`") from None
 
 
 def _check_space(input_space: str) -> str:

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
+from common.files import FileProblem, read_user_head
 from common.imports import resolve_callable
 from judges.rules.patterns import compile_pattern
 
@@ -134,12 +135,10 @@ def resolve_tool(reference: str, base_dir: Path):
 
 def database_problem(database, base_dir: Path) -> str | None:
     """Why the `database` of a sql scorer is not an SQLite file, or None."""
-    path = Path(base_dir) / str(database)
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(len(_SQLITE_HEADER))
-    except OSError as error:
-        return f"database {str(database)!r} cannot be read ({error.strerror or error}); give an SQLite file"
+    try:  # a FIFO or /dev/zero named as the database: refused unopened, never waited on
+        header = read_user_head(Path(base_dir) / str(database), len(_SQLITE_HEADER), "an SQLite file")
+    except FileProblem as problem:
+        return f"database {str(database)!r} {problem.reason}"
     if header != _SQLITE_HEADER:
         return f"database {str(database)!r} is not an SQLite file (its first bytes are not 'SQLite format 3'); " \
                "give the path of an SQLite database"

@@ -13,13 +13,14 @@ fixes a file in one go. Each is printed as `FILE:LINE:COL: key.path: what is wro
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from common.files import (FileProblem, FileTooLarge, parse_json_line, read_user_file, read_user_text, text_lines,
+                          user_file_problem)
 from judges.model.gguf_source import PACKAGED_MODELS, gguf_source_problem, is_gguf_source, local_model_path
 from judges.model.reward_model import reward_model_problem
 from judges.model.verdict import local_label_problem
@@ -36,6 +37,7 @@ from marl.scenario.yaml_positions import MAX_BYTES, YamlSyntaxError, decode_yaml
 __all__ = ["Problem", "Scenario", "ScenarioError", "apply_overrides", "find_scenario", "load_scenario", "load_tasks"]
 
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+MAX_TASK_PROBLEMS = 20  # bad lines of a tasks file reported at most
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Scenario:
 def find_scenario(name_or_path: str | Path) -> Path:
     """A path to a scenario file: the path itself, or a built-in scenario by name ('relay')."""
     path = Path(name_or_path)
-    if path.is_file():
+    if path.is_file() or (path.exists() and not path.is_dir()):  # a FIFO or a device: refused as it is read
         return path
     builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
     if builtin.is_file():
@@ -117,12 +119,16 @@ def load_scenario(source: str | Path | dict | ScenarioSpec, overrides: list[str]
 
 
 def _read_text(path: Path) -> str:
-    """The text of a scenario file: bounded in size, UTF-8 (YamlSyntaxError otherwise)."""
+    """The text of a scenario file: a regular file (common.files.read_user_file: never a FIFO or a device),
+    bounded in size, UTF-8 (YamlSyntaxError otherwise)."""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-    except OSError as error:
-        raise YamlSyntaxError(1, 1, f"cannot read the file ({error.strerror or error})") from None
+        data = read_user_file(path, max_bytes=MAX_BYTES, expected="a scenario YAML file")
+    except FileTooLarge as problem:
+        size = f"{problem.size:,}" if problem.exact else f"more than {MAX_BYTES:,}"
+        raise YamlSyntaxError(1, 1, f"the file is {size} bytes; scenario files are limited to {MAX_BYTES:,} (move "
+                                    "task data into a tasks.jsonl file)") from None
+    except FileProblem as problem:
+        raise YamlSyntaxError(1, 1, problem.reason) from None
     return decode_yaml_bytes(data)
 
 
@@ -287,10 +293,19 @@ def _judge_use_problems(scenario: Scenario, scorer, path: tuple) -> list[tuple[t
     if judge.backend == "local" and judge.verdict == "logprobs":
         if (problem := local_label_problem(scenario.base_dir / judge.model)) is not None:
             problems.append((("judges", index, "verdict"), problem))
-    if judge.calibration and not (scenario.base_dir / judge.calibration).is_file():
-        problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} not found next to the "
-                                                           "scenario (fit one with `marl judges calibrate`)"))
+    if judge.calibration and (problem := _data_file_problem(scenario.base_dir / judge.calibration)) is not None:
+        problems.append((("judges", index, "calibration"), f"file {judge.calibration!r} {problem} (fit one with "
+                                                           "`marl judges calibrate`)"))
     return problems
+
+
+def _data_file_problem(path: Path) -> str | None:
+    """Why a data file a scenario names (tasks, a calibrator) cannot be read, or None: not found, or not a
+    regular file (a FIFO would hang the read, /dev/zero never ends; common.files.user_file_problem)."""
+    if not path.exists():
+        return f"not found next to the scenario (looked in {path.parent})"
+    problem = user_file_problem(path, "a regular file")
+    return None if problem is None else problem.removesuffix("; give a regular file")
 
 
 def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
@@ -321,9 +336,8 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
         except ValueError as error:
             fix = "" if str(error).endswith("next to the scenario") else " (fix the 'module:function' path)"
             problems.append((path, f"{error}{fix}"))
-    if spec.tasks.jsonl is not None and not (scenario.base_dir / spec.tasks.jsonl).is_file():
-        problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} not found next to the scenario "
-                         f"(looked in {scenario.base_dir})"))
+    if spec.tasks.jsonl is not None and (problem := _data_file_problem(scenario.base_dir / spec.tasks.jsonl)):
+        problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} {problem}"))
     return problems
 
 
@@ -414,22 +428,24 @@ def _generate(scenario: Scenario) -> list[dict]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    """The tasks of a JSONL tasks file, each checked against TaskSpec: every bad line is a located Problem
+    (FILE:LINE:COL), the file itself read as every user file is (common.files: a regular file, bounded,
+    UTF-8, each line's JSON bounded in nesting and digits)."""
     rows, problems = [], []
     try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"the file is not UTF-8 (byte "
-                                     f"{error.start}); save it as UTF-8")]) from None
-    except OSError as error:
-        raise ScenarioError([Problem(str(path), 1, 1, ("tasks", "jsonl"), f"cannot read the file "
-                                     f"({error.strerror or error})")]) from None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+        text = read_user_text(path, expected="a JSONL file of tasks, one JSON object per line")
+    except FileProblem as problem:
+        raise ScenarioError([Problem(str(path), problem.line or 1, problem.column or 1, ("tasks", "jsonl"),
+                                     problem.reason)]) from None
+    for number, line in text_lines(text):
         try:
-            rows.append(TaskSpec.model_validate(json.loads(line)).model_dump())
-        except (json.JSONDecodeError, ValidationError, RecursionError) as error:
+            rows.append(TaskSpec.model_validate(parse_json_line(path, number, line)).model_dump())
+        except FileProblem as problem:
+            problems.append(Problem(str(path), number, problem.column or 1, ("tasks", "jsonl"), problem.reason))
+        except ValidationError as error:
             problems.append(Problem(str(path), number, 1, ("tasks", "jsonl"), f"bad task line: {error}".splitlines()[0]))
+        if len(problems) >= MAX_TASK_PROBLEMS:  # a binary or foreign file: the first lines say what it is
+            break
     if problems:
         raise ScenarioError(problems)
     return rows

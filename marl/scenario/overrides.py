@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 
 from marl.scenario.problems import Problem, ScenarioError
-from marl.scenario.yaml_positions import YamlSyntaxError, load_with_positions
+from marl.scenario.yaml_positions import YamlSyntaxError, YamlValueError, load_with_positions
+
+SHOWN_CHARS = 60  # of a --set item quoted in a message: a 5,000-digit value is not repeated in full
 
 
 def split_override(item: str, example: str) -> tuple[str, tuple]:
@@ -21,9 +23,10 @@ def split_override(item: str, example: str) -> tuple[str, tuple]:
     ValueError (one line, `example` shows the form) when there is no `=` or a part of the key is empty.
     """
     key, _, _ = item.partition("=")
-    path = tuple(int(part) if part.isdigit() else part for part in key.strip().split("."))
+    # a list index is a few digits: a longer run stays a name (int() of 5,000 digits raises; no list is that long)
+    path = tuple(int(part) if part.isdigit() and len(part) <= 9 else part for part in key.strip().split("."))
     if "=" not in item or not all(str(part) for part in path):
-        raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. {example}")
+        raise ValueError(f"--set {shown(item)}: expected KEY=VALUE, e.g. {example}")
     return key.strip(), path
 
 
@@ -68,16 +71,26 @@ def apply_overrides(data: dict, overrides: list[str], file: str = "<scenario>") 
         raw = item.partition("=")[2]
         try:
             value = load_with_positions(raw)[0]
+        except YamlValueError as error:  # YAML, but a value no setting holds (a date, a 5,000-digit number)
+            raise _override_error(file, key, f"--set {shown(item)}: {error.message}") from None
         except YamlSyntaxError as error:
-            raise _override_error(file, key, f"--set {item!r}: the value is not valid YAML ({error.message}); "
+            raise _override_error(file, key, f"--set {shown(item)}: the value is not valid YAML ({error.message}); "
                                              "quote text, e.g. KEY=\"'[1'\"") from None
         _set_path(data, path, value, item, file)
         overridden[path] = item
     return data, overridden
 
 
+def shown(item: str) -> str:
+    """A `--set` item as a message quotes it: repr, cut to SHOWN_CHARS with its full length when longer."""
+    if len(item) <= SHOWN_CHARS:
+        return repr(item)
+    return f"{item[:SHOWN_CHARS]!r}... ({len(item):,} characters)"
+
+
 def _override_error(file: str, key: str, message: str) -> ScenarioError:
     key = key.strip()
+    key = key if len(key) <= SHOWN_CHARS else f"{key[:SHOWN_CHARS]}..."
     label = f"{file} (--set {key})" if key else file
     return ScenarioError([Problem(label, 0, 0, tuple(key.split(".")) if key else (), message)])
 
@@ -97,12 +110,13 @@ def _set_path(data, path: tuple, value, item: str, file: str) -> None:
         elif isinstance(node, list):
             if not isinstance(part, int) or part >= len(node):
                 span = f"indices 0-{len(node) - 1}" if node else "none"
-                raise _override_error(file, key, f"--set {item!r}: {where} is a list of {len(node)} entries "
-                                                 f"({span}); {part!r} is not one of them")
+                given = shown(part) if isinstance(part, str) else part
+                raise _override_error(file, key, f"--set {shown(item)}: {where} is a list of {len(node)} entries "
+                                                 f"({span}); {given} is not one of them")
             if last:
                 node[part] = value
             else:
                 node = node[part]
         else:
-            raise _override_error(file, key, f"--set {item!r}: {where} is a {type(node).__name__} ({node!r:.40}), "
+            raise _override_error(file, key, f"--set {shown(item)}: {where} is a {type(node).__name__} ({node!r:.40}), "
                                              f"not a section with keys; set {where}=VALUE instead")

@@ -9,11 +9,43 @@ May import: pydantic and marl.options only (spec.py builds on this module, never
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WrapValidator, field_validator, model_validator
 
 from marl.options import TRACKERS
+
+
+def at_most(limit: int, why: str) -> WrapValidator:
+    """An upper bound whose problem says the bound and why, for `Annotated[int, at_most(...)]`: pydantic's own
+    `le=` says only "less than or equal to N", and a count past its bound runs for ever or fills the memory.
+
+    A number is compared before pydantic converts it too, so 1.0e+30 for an int is this problem, not
+    pydantic's "unable to parse" (a float that large is no integer it converts)."""
+    def too_large(value) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and value > limit
+
+    def check(value, handler):
+        if too_large(value) or too_large(value := handler(value)):
+            raise ValueError(f"at most {limit:,} ({why})")
+        return value
+
+    return WrapValidator(check)
+
+
+# upper bounds of the counts and sizes a scenario sets: each far above any sound value, far below one that
+# would run for months or exhaust a machine (train.steps: 1e15 validated, then trained without end)
+MAX_STEPS = 1_000_000
+MAX_BATCH = 100_000
+MAX_THREADS = 1024
+MAX_SEED = 2**32 - 1
+Steps = Annotated[int, at_most(MAX_STEPS, "a step plays episodes and updates the model: a million steps already take "
+                                          "months, and an interval past the run's length is never reached")]
+BatchSize = Annotated[int, at_most(MAX_BATCH, "what one step plays or trains on is held in memory at once")]
+Threads = Annotated[int, at_most(MAX_THREADS, "more threads than any machine has cores")]
+Mebibytes = Annotated[int, at_most(1 << 20, "1,048,576 MiB is a tebibyte of memory")]
+Seed = Annotated[int, Field(ge=0), at_most(MAX_SEED, "a seed is a 32-bit number; torch and numpy generators are "
+                                                     "seeded from it and numbers derived from it")]
 
 
 class Strict(BaseModel):
@@ -34,8 +66,9 @@ class SelfPlaySpec(Strict):
     """Self-play of competitive scenarios: the learner against its past snapshots."""
 
     enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
-    pool_size: int = Field(8, ge=1, description="past snapshots kept in the opponent pool")
-    snapshot_every: int = Field(10, ge=1, description="steps between snapshots added to the pool")
+    pool_size: Annotated[int, at_most(1024, "each snapshot is a copy of the model, kept in memory")] = Field(
+        8, ge=1, description="past snapshots kept in the opponent pool")
+    snapshot_every: Steps = Field(10, ge=1, description="steps between snapshots added to the pool")
     strategy: Literal["latest", "uniform", "prioritised"] = Field(
         "prioritised", description="which snapshot the learner faces: the latest, one drawn uniformly, or one drawn "
                                    "by how often it beats the learner (prioritised)")
@@ -65,22 +98,22 @@ class WarmupSpec(Strict):
     """Stage 1: SFT on expert demonstrations until the format is right and each agent succeeds often enough
     among expert teammates, within a time budget; then a short low-lr RL check."""
 
-    sft_max_steps: int | None = Field(None, ge=0, description="most SFT steps of each learner (0: no SFT; default: "
+    sft_max_steps: Steps | None = Field(None, ge=0, description="most SFT steps of each learner (0: no SFT; default: "
                                       "300 for the tiny model, 50 for pretrained weights)")
     sft_lr: float | None = Field(None, gt=0, description="SFT AdamW lr (default: 1e-3 for the tiny model; for "
                                  "pretrained weights 1e-5, or 1e-4 with train.lora, which trains the adapters only)")
-    sft_batch_size: int = Field(32, ge=1, description="demonstrations per SFT step")
+    sft_batch_size: BatchSize = Field(32, ge=1, description="demonstrations per SFT step")
     format_target: float = Field(0.9, ge=0, le=1, description="a learner whose agents' sampled answers pass the "
                                  "format layer this often skips SFT; SFT stops once they do")
     accuracy_target: float = Field(0.2, ge=0, le=1, description="with an expert: SFT also goes on until each of "
                                    "a learner's agents, sampled among expert teammates (or against the expert), "
                                    "succeeds this often (0: the format alone decides)")
     sft_time_budget_s: float = Field(300.0, gt=0, description="most seconds of warm-up SFT per learner")
-    probe_tasks: int = Field(64, ge=1, description="training tasks the compliance and accuracy probes play "
+    probe_tasks: BatchSize = Field(64, ge=1, description="training tasks the compliance and accuracy probes play "
                              "(before SFT and every few SFT steps, once per agent); fewer for a large model on a CPU")
-    rl_steps: int = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
+    rl_steps: Steps = Field(3, ge=0, description="low-lr RL steps that print samples with their scores")
     rl_lr_scale: float = Field(0.1, gt=0, le=1, description="the warm-up check's RL steps train at train.lr x this")
-    samples_shown: int = Field(4, ge=0, description="episodes the warm-up check prints after each of its steps")
+    samples_shown: BatchSize = Field(4, ge=0, description="episodes the warm-up check prints after each of its steps")
 
     def resolved(self, *, pretrained: bool = False, lora: bool = False) -> WarmupSpec:
         """This section with sft_lr and sft_max_steps set: the scenario's values, else WARMUP_DEFAULTS for
@@ -94,7 +127,7 @@ class WarmupSpec(Strict):
 class ReflectionSpec(Strict):
     """Stage 3: tasks whose reward stayed low are retried with the failure reason in the prompt."""
 
-    steps: int = Field(20, ge=0, description="RL steps of the reflection stage")
+    steps: Steps = Field(20, ge=0, description="RL steps of the reflection stage")
     threshold: float = Field(0.5, ge=0, le=1, description="tasks whose pass rate is below this are retried")
     retry_discount: float = Field(0.9, gt=0, le=1, description="a corrected answer earns this x a first-try one")
 
@@ -102,7 +135,7 @@ class ReflectionSpec(Strict):
 class SafetySpec(Strict):
     """Stage 4: adversarial tasks with penalties for fabrication and ignored constraints."""
 
-    steps: int = Field(20, ge=0, description="RL steps of the safety stage")
+    steps: Steps = Field(20, ge=0, description="RL steps of the safety stage")
     generator: str | None = Field(None, description="'module:function' of adversarial tasks; default: the "
                                                     "built-in perturbations of the training tasks")
     fabrication_penalty: float = Field(0.5, ge=0, description="subtracted when an unanswerable task gets an "
@@ -139,12 +172,12 @@ class RaySpec(Strict):
     rollout_workers: int = Field(2, ge=1, le=1024, description="Ray actors that play episodes and their replays")
     num_cpus: float = Field(1.0, ge=0, description="CPUs each rollout worker reserves")
     num_gpus: float = Field(0.0, ge=0, description="GPUs each rollout worker reserves (fractions share one)")
-    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag the learner by: 0 is "
+    max_staleness: Steps = Field(0, ge=0, description="policy versions a sample may lag the learner by: 0 is "
                                                     "on-policy (a stale sample is an error); k broadcasts weights "
                                                     "every k+1 versions and logs the off-policy samples")
     max_retries: int = Field(2, ge=0, le=100, description="times a dead worker's episodes are replayed on a new "
                                                          "worker before the step fails")
-    object_store_mb: int = Field(512, ge=64, description="object store of a local cluster started by marl (MiB)")
+    object_store_mb: Mebibytes = Field(512, ge=64, description="object store of a local cluster started by marl (MiB)")
 
 
 class EngineSpec(Strict):

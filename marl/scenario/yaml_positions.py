@@ -7,8 +7,10 @@ path)` finds the closest known position of a path (falling back to its parents),
 
 The loader is bounded, because a scenario file may come from anyone: nesting deeper than
 `MAX_DEPTH`, more than `MAX_NODES` values after alias expansion (a "billion laughs" bomb), duplicate
-keys, keys that are not plain text (complex keys, `yes:` read as a bool), and values that are not
-plain data (YAML dates, `!!binary`, `!!set`) are each a `YamlSyntaxError` at their position.
+keys, keys that are not plain text (complex keys, `yes:` read as a bool), values that are not plain data
+(YAML dates, `!!binary`, `!!set`) and integers of more than `MAX_INT_DIGITS` digits (Python refuses to
+convert them, and no setting needs one) are each a `YamlSyntaxError` at their position; the last two
+are `YamlValueError`s, YAML that parses but holds a value a scenario cannot.
 `decode_yaml_bytes` refuses files that are too large, binary, UTF-16/32 or otherwise not UTF-8.
 """
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from common.files import MAX_INT_DIGITS
+
 Path_ = tuple  # a key path: ("agents", 1, "name")
 
 MAX_BYTES = 1 << 20  # a scenario file; task data belongs in a JSONL file
@@ -26,6 +30,8 @@ MAX_NODES = 300_000  # more than a 1 MiB file can hold without aliases
 _PLAIN_SCALARS = {"tag:yaml.org,2002:" + name for name in ("str", "int", "float", "bool", "null")}
 _PLAIN_COLLECTIONS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 _UNCLOSED = ("flow", "quoted", "scanning")  # contexts whose start is where the user must look
+_INT_TAG = "tag:yaml.org,2002:int"
+_INT_BOUND = 10 ** MAX_INT_DIGITS  # a hex, octal or binary integer has no digit limit of Python's: bound its size
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,13 @@ class YamlSyntaxError(Exception):
         return f"{self.line}:{self.column}: {self.message}"
 
 
-def _at(node_or_mark, message: str, path: Path_ = ()) -> YamlSyntaxError:
+class YamlValueError(YamlSyntaxError):
+    """YAML that parses, holding a value a scenario cannot hold: a date, a `!!tag`, an integer too long."""
+
+
+def _at(node_or_mark, message: str, path: Path_ = (), kind: type = YamlSyntaxError) -> YamlSyntaxError:
     mark = getattr(node_or_mark, "start_mark", node_or_mark)
-    return YamlSyntaxError(mark.line + 1, mark.column + 1, message, tuple(path))
+    return kind(mark.line + 1, mark.column + 1, message, tuple(path))
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -79,12 +89,26 @@ class _Builder:
                                                 "nested aliases)", path[:1])
         self.positions.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
         if node.tag not in _PLAIN_SCALARS | _PLAIN_COLLECTIONS:
-            raise _at(node, _tag_message(node), path)
+            raise _at(node, _tag_message(node), path, YamlValueError)
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
             return [self.build(child, path + (index,)) for index, child in enumerate(node.value)]
-        return self.loader.construct_object(node, deep=True)
+        return self._scalar(node, path)
+
+    def _scalar(self, node, path: Path_):
+        """A scalar's value; an integer of more than MAX_INT_DIGITS digits is refused before Python's int()
+        raises on it (or, in hex, octal or binary, which int() converts whatever their length, after)."""
+        written = node.value.replace("_", "").lstrip("+-")
+        digits = len(written) - (2 if written[:2].lower() in ("0x", "0o", "0b") else 0) if node.tag == _INT_TAG else 0
+        value = None if digits > MAX_INT_DIGITS else self.loader.construct_object(node, deep=True)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_BOUND:
+            digits = int(abs(value).bit_length() * 0.30103) + 1  # in decimal: log10(2) per bit, at most one over
+        if digits > MAX_INT_DIGITS:
+            raise _at(node, f"an integer of {digits:,} digits (at most {MAX_INT_DIGITS:,} are read; no setting "
+                            "needs that many): write a smaller number, or quote it if it is text", path,
+                      YamlValueError)
+        return value
 
     def _mapping(self, node, path: Path_) -> dict:
         result, first_line = {}, {}
@@ -109,7 +133,7 @@ class _Builder:
             raise _at(key_node, "merge keys ('<<') are not supported (write the keys out)", path)
         if key_node.tag not in _PLAIN_SCALARS:
             raise _at(key_node, _tag_message(key_node), path)
-        key = self.loader.construct_object(key_node, deep=True)
+        key = self._scalar(key_node, path)
         if not isinstance(key, str):
             raise _at(key_node, f"key {key_node.value!r} is read by YAML as {type(key).__name__} {key!r}, but "
                                 f"keys must be text (quote it: '{key_node.value}')", path)
@@ -185,6 +209,8 @@ def load_with_positions(text: str) -> tuple[object, dict[Path_, tuple[int, int]]
         raise YamlSyntaxError(1, 1, f"YAML error: {error}") from None
     except RecursionError:
         raise YamlSyntaxError(1, 1, "YAML nested too deeply to read (flatten the structure)") from None
+    except (ValueError, OverflowError) as error:  # a constructor's own refusal that the checks above missed
+        raise YamlSyntaxError(1, 1, f"a value YAML cannot read ({str(error).splitlines()[0][:200]})") from None
     finally:
         if loader is not None:
             loader.dispose()

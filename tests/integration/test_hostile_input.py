@@ -81,8 +81,8 @@ FILES = {
                  ":2:1: (file): key 'yes' is read by YAML as bool True, but keys must be text (quote it: 'yes')"),
     "deep_nesting": (_with("name: tiny", "name: tiny\ndescription: " + "[" * 3000 + "]" * 3000), {},
                      ":2:77: (file): nesting deeper than 64 levels"),
-    "too_large": (GOOD + "# " + "x" * (2 << 20) + "\n", {}, ":1:1: (file): the file is 1,048,577 bytes; scenario "
-                                                            "files are limited to 1,048,576"),
+    "too_large": (GOOD + "# " + "x" * (2 << 20) + "\n", {}, f":1:1: (file): the file is {len(GOOD) + 3 + (2 << 20):,} "
+                                                            "bytes; scenario files are limited to 1,048,576"),
     "unclosed_flow": (_with("  edges: [[a, b]]", "  edges: [[a, b]"), {},
                       ":6:10: (file): YAML syntax error: the flow sequence that begins here is not closed"),
     "unclosed_quote": (_with('prompt: "1+1="', 'prompt: "1+1='), {},

@@ -83,7 +83,7 @@ def test_a_model_directory_without_weights_is_one_line(real_model_dirs, tmp_path
         if name.endswith(".json") or name.endswith(".txt"):
             (tmp_path / "noweights" / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
     line = one_error_line(_marl(*command, "--out", str(tmp_path / "out"), cwd=tmp_path))
-    assert f"{tmp_path / 'noweights'} does not load as a causal LM" in line and "save_pretrained" in line
+    assert f"{tmp_path / 'noweights'}: no weights (no *.safetensors file)" in line and "save_pretrained" in line
 
 
 def test_demo_refuses_a_tokenizer_without_pad_or_eos_and_leaves_no_run_directory(real_model_dirs, tmp_path, capsys):
@@ -109,5 +109,5 @@ def test_a_demo_whose_model_fails_to_load_leaves_no_empty_run_directory(real_mod
             (noweights / name).write_bytes((real_model_dirs["qwen2"] / name).read_bytes())
     out = tmp_path / "out"
     assert main(["demo", "--model", str(noweights), "--steps", "1", "--tracker", "none", "--out", str(out)]) == 2
-    assert "does not load as a causal LM" in capsys.readouterr().err
+    assert "noweights: no weights (no *.safetensors file)" in capsys.readouterr().err
     assert not out.exists()

@@ -48,7 +48,7 @@ def test_a_bad_items_file_is_one_workflow_error_naming_file_and_line(tmp_path, t
     with pytest.raises(WorkflowError, match="^" + re.escape(str(path) + message)) as caught:
         read_items(path)
     assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
-    with pytest.raises(WorkflowError, match="cannot read"):
+    with pytest.raises(WorkflowError, match="missing.jsonl: cannot be read: no such file"):
         read_items(tmp_path / "missing.jsonl")
 
 
@@ -139,3 +139,29 @@ def _without_logprobs(create):
 def test_simulated_client_refuses_an_unknown_bias(items):
     with pytest.raises(ValueError, match="unknown bias 'verbosity'; choose one of position, "):
         simulated_client(items, verbosity=1.0)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"prompt": "p", "candidates": ["a", "b"], "gold": 2}\n', ":1: 'gold' must be a candidate index or a score, got "
+                                                             "2 (an index from 0 to 1, or the first candidate's score"),
+    ('{"prompt": "p", "candidates": ["a", "b"], "gold": 1.5}\n', ":1: 'gold' must be a candidate index or a score"),
+    ('{"prompt": "p", "candidates": ["a", "b"], "gold": NaN}\n', ":1: NaN is not a JSON number"),
+    ('{"prompt": "p", "candidates": ["a", "b"], "gold": ' + "9" * 5000 + "}\n", ":1: an integer of 5,000 digits"),
+    ("[" * 100_000 + "]" * 100_000 + "\n", ":1: JSON nested more than 100 levels deep"),
+    ('{"prompt": "p\u2028q", "candidates": ["a", "b"]}\n["x"]\n', ":2: expected a JSON object with prompt and "
+                                                              "candidates, got an array"),
+])
+def test_hostile_items_are_one_workflow_error(tmp_path, text, message):
+    path = tmp_path / "items.jsonl"
+    path.write_text(text)
+    with pytest.raises(WorkflowError) as caught:
+        read_items(path)
+    assert str(caught.value).startswith(str(path) + message) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_items_and_gold_that_are_not_files_are_refused_unread(items_file, tmp_path):
+    with pytest.raises(WorkflowError, match=r"^/dev/zero: is a character device, not a regular file"):
+        read_items("/dev/zero")
+    with pytest.raises(WorkflowError, match=rf"^{re.escape(str(tmp_path))}: is a folder, not a regular file; give a "
+                                            r"JSON-lines file \(a JSON object with id and gold per line\)$"):
+        read_items(items_file, gold_path=tmp_path)

@@ -66,6 +66,8 @@ def run(args) -> int:
     played_by = parse_seats(args.seat, scenario.agent_names)
     if args.retries < 0:
         raise UsageError(f"--retries {args.retries}: expected 0 or more")
+    if args.retries > 100:  # each retry replays the failed task: a huge count plays for ever
+        raise UsageError(f"--retries {str(args.retries)[:40]}: at most 100 (each retry plays a failed task again)")
     with usage_errors(*training_errors()):
         scenario = resolve_local_judges(scenario, args.cache_dir)  # a local judge's GGUF model: its converted directory
         checkpoint = resolve_checkpoint(args.checkpoint)

@@ -18,16 +18,26 @@ its base first): --out is that file when it ends in .gguf (a checkpoint with one
 that gets <name>.gguf per model. A model GGUF cannot hold (not a Llama or Qwen2, not a byte-level BPE
 tokenizer) is one line and exit status 2, checked from its config.json and tokenizer.json before any
 weights are read; a file is written whole or not at all.
+
+Every source and target is checked before the first byte is written, each problem one line and exit
+status 2: a source marl would not load (a FIFO or device among its files, pickle-only or truncated
+weights: common/model_files.py), an --out that is a file, a folder of other files (an earlier export is
+replaced whole; anything else is never deleted), under a file, or in a folder that cannot be written (read-only).
+A write that fails midway (a full disk) is one line too; the copy is made in a temporary sibling and
+renamed into place, so an earlier export of that name is kept as it was.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from common.files import write_directory_atomically
+from common.model_files import adapter_folder_problem, model_folder_problem
 from trainers.cli.common import UsageError, quiet_libraries, training_errors, usage_errors
 from trainers.policy.adapters import export_merged, is_adapter_dir, recorded_base_dir
 from trainers.policy.gguf_export import GGUFExportError, export_problem, write_gguf
@@ -64,10 +74,59 @@ def run(args) -> int:
     with usage_errors(*training_errors()):
         models = exported_models(Path(args.path))
         out = Path(args.out)
+        targets = {name: out if len(models) == 1 else out / name for name in models}
+        for name, source in models.items():  # every source and target checked before the first is written
+            check_source(source)
+            check_target(out, targets[name])
         for name, source in models.items():
-            target = out if len(models) == 1 else out / name
-            print(f"wrote {target} ({export_one(source, target, args.merge, args.base)})")
+            with writing(out, source, targets[name]):
+                print(f"wrote {targets[name]} ({export_one(source, targets[name], args.merge, args.base)})")
     return 0
+
+
+def check_source(source: Path) -> None:
+    """UsageError (one line) when the model or adapter folder is not one marl loads: a FIFO or device among
+    its files (a copy would wait or never end), pickle-only or truncated weights, no tokenizer."""
+    problem = adapter_folder_problem(source) if is_adapter_dir(source) else model_folder_problem(source)
+    if problem is not None:
+        raise UsageError(problem)
+
+
+def check_target(out: Path, target: Path) -> None:
+    """UsageError (one line) when the model directory `target` cannot be written, or writing it would replace
+    what is not an earlier export: a file, a folder of other files, a folder that cannot be written in."""
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--out {out}: {target} is a file; give a folder path (a new one, or an earlier export, "
+                         "which is replaced whole)")
+    if target.is_dir() and any(target.iterdir()) and not any((target / name).is_file() for name in MODEL_FILES):
+        raise UsageError(f"--out {out}: {target} holds files that are not a model (no config.json or "
+                         "adapter_config.json); give a new or empty folder, or an earlier export to replace")
+    check_writable(out, target)
+
+
+def check_writable(out: Path, target: Path) -> None:
+    """UsageError (one line) when `target` cannot be made: the folder it goes in (or the nearest one that
+    exists) is a file, or is not writable (permission, a read-only file system). The new copy is made
+    beside `target` and renamed into place, so that folder is the one written."""
+    folder = next(parent for parent in target.absolute().parents if parent.exists())
+    if not folder.is_dir():
+        raise UsageError(f"--out {out}: {folder} is a file, not a folder; give a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: cannot write in {folder} (permission denied or a read-only file system); "
+                         "give a folder you can write to")
+
+
+@contextmanager
+def writing(out: Path, source: Path, target: Path):
+    """Inside the block, an OSError of writing `target` (a full disk, a folder made read-only meanwhile) is one
+    line: the copy is made in a temporary sibling and renamed into place, so an earlier `target` is kept."""
+    earlier = target.exists()
+    try:
+        yield
+    except OSError as error:
+        kept = f"the earlier {target} is kept as it was" if earlier else "nothing was written"
+        raise UsageError(f"--out {out}: writing {target} from {source} failed ({error.strerror or error}); "
+                         f"{kept}") from None
 
 
 def exported_models(path: Path) -> dict[str, Path]:
@@ -98,7 +157,8 @@ def run_gguf(args) -> int:
         for source in models.values():  # every model checked before the first is written
             _check_gguf_source(source, args.base)
         for name, source in models.items():
-            with tempfile.TemporaryDirectory(prefix="marl-export-") as scratch:
+            with tempfile.TemporaryDirectory(prefix="marl-export-") as scratch, writing(Path(args.out), source,
+                                                                                         targets[name]):
                 directory = _full_model(source, args.base, Path(scratch))
                 write_gguf(directory, targets[name], args.dtype, log=lambda line: print(line, file=sys.stderr))
             print(f"wrote {targets[name]} ({source.name}{' merged into its base' if directory != source else ''}, "
@@ -118,6 +178,7 @@ def gguf_targets(models: dict[str, Path], out: Path) -> dict[str, Path]:
     for target in targets.values():
         if target.is_dir():
             raise UsageError(f"--out {out}: {target} is a folder; give a file path ending in .gguf, or another folder")
+        check_writable(out, target)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:

@@ -14,9 +14,10 @@ the sign of the reward difference and P(better) its Bradley-Terry probability, s
 master-key biases are probed like a prompted judge's. With `--local-model MODEL` the judge is a local
 model on the CPU (a Hugging Face directory, a .gguf file or smollm2-135m-instruct, converted once into
 the model cache), prompted as an endpoint would be. These commands need no torch (a reward model does). Every bad input is one line on stderr and exit status 2, and every
-option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0;
-`--out`/`--markdown`/`--cache` must be file paths: a missing folder is created, a folder or a file in
-the way is refused). Responses already received stay in the on-disk cache, so a rerun does not pay
+option is checked before the first call (`--timeout` > 0, `--concurrency` >= 1, `--retries` >= 0, and
+each at most its `BOUNDS`, which say why; `--out`/`--markdown`/`--cache` must be file paths: a missing
+folder is created, a folder, a file in the way, a FIFO or a device is refused). `--items` and `--gold`
+are read as every user file is (common.files: a regular file, bounded, UTF-8, bounded JSON lines). Responses already received stay in the on-disk cache, so a rerun does not pay
 for them again. The report is strict JSON (no NaN or Infinity), written atomically; it leads with the
 judge's accuracy against gold, its CI, and says so when the judge is at chance.
 
@@ -35,6 +36,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.files import user_file_problem
 from judges.model.cache import JudgeCache
 from judges.model.gguf_source import GGUFError
 from judges.model.local_backend import LocalBackend
@@ -53,18 +55,34 @@ ITEMS_HELP = ('JSONL, one item per line: {"id": "q1", "prompt": "...", "candidat
 
 
 # -- options, checked before any call ------------------------------------------------------------------------
+# the most each numeric option may ask for, and why: past it a command runs for days, or holds the machine
+BOUNDS = {"--timeout": (86_400, "a day: an answer that has not come by then will not"),
+          "--concurrency": (1024, "each request in flight holds a connection"),
+          "--retries": (100, "a call that failed a hundred times will not succeed"),
+          "--max-tokens": (32_768, "a verdict needs a few hundred tokens"),
+          "--per-kind": (100_000, "each probe is a judgment, and a report runs them all"),
+          "--seed": (2**32 - 1, "a seed is a 32-bit number")}
+
+
 def _check_numbers(args) -> None:
-    """UsageError for the first numeric option out of range."""
+    """UsageError for the first numeric option out of range: below its least, or over its bound (BOUNDS)."""
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UsageError(f"--timeout {args.timeout:g}: must be a number of seconds > 0, e.g. --timeout 60")
-    checks = [("--concurrency", args.concurrency, 1, "requests in flight at once, e.g. --concurrency 8"),
+    checks = [("--timeout", args.timeout, 0, "seconds per request, e.g. --timeout 60"),
+              ("--concurrency", args.concurrency, 1, "requests in flight at once, e.g. --concurrency 8"),
               ("--retries", args.retries, 0, "retries after a failed call (0 = none), e.g. --retries 4"),
-              ("--max-tokens", args.max_tokens, 1, "tokens per judge answer, e.g. --max-tokens 512")]
+              ("--max-tokens", args.max_tokens, 1, "tokens per judge answer, e.g. --max-tokens 512"),
+              ("--seed", args.seed, 0, "the probes' random seed, e.g. --seed 0")]
     if getattr(args, "per_kind", None) is not None:
         checks.append(("--per-kind", args.per_kind, 1, "probes per kind, e.g. --per-kind 100"))
     for flag, value, low, meaning in checks:
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        shown = shown if len(shown) <= 40 else f"{shown[:40]}..."  # a 4,000-digit number is not echoed whole
         if value < low:
-            raise UsageError(f"{flag} {value}: must be >= {low} ({meaning})")
+            raise UsageError(f"{flag} {shown}: must be >= {low} ({meaning})")
+        high, why = BOUNDS[flag]
+        if value > high:
+            raise UsageError(f"{flag} {shown}: at most {high:,} ({why})")
 
 
 def _writable_file(flag: str, value: str) -> Path:
@@ -73,6 +91,8 @@ def _writable_file(flag: str, value: str) -> Path:
     path = Path(value).expanduser()
     if path.is_dir():
         raise UsageError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
+    if path.exists() and not path.is_file():  # a FIFO or a device: never a cache, nor a report renamed over it
+        raise UsageError(f"{flag} {value}: {user_file_problem(path, 'a file path')}")
     blocker = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")

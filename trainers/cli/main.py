@@ -28,12 +28,26 @@ from trainers.cli import credit, demo, estimate, export, judges, rm, rollout, ru
 from trainers.cli import eval as evaluate  # imported under another name: `eval` is a builtin
 from trainers.cli.common import UsageError, print_problems
 
+MAX_ERROR_CHARS = 300  # of an argparse error line
 COMMANDS = (demo, validate, rollout, credit, serve, run, evaluate, export, estimate, judges, rm)  # the order `marl --help` lists
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors keep the one-line contract: `marl CMD: error: ...` and where
+    --help says more, not the usage block first; a value echoed back (5,000 digits given to an int flag)
+    is cut. Every sub-command's parser is one too (argparse makes them of the parent's class)."""
+
+    def error(self, message: str):
+        """Print the one line and exit with status 2, as argparse does."""
+        message = " ".join(message.split())
+        if len(message) > MAX_ERROR_CHARS:
+            message = f"{message[:MAX_ERROR_CHARS]}... ({len(message):,} characters)"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `marl` command: every command module registers its sub-command."""
-    parser = argparse.ArgumentParser(prog="marl", description="Train teams of LLM agents with RL.")
+    parser = OneLineParser(prog="marl", description="Train teams of LLM agents with RL.")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(commands)

@@ -21,7 +21,7 @@ from judges.model.reward_model import RewardModelError
 from marl.options import TRACKERS
 from trainers.cli.common import UsageError, quiet_libraries, usage_errors
 from trainers.policy.gguf import GGUFError, resolve_model_dir
-from trainers.reward.pairs import PairsError
+from trainers.reward.pairs import PairsError, read_pairs
 
 
 def add_parser(commands) -> None:
@@ -58,6 +58,8 @@ def run(args) -> int:
     from trainers.reward.bradley_terry import RewardTrainConfig, train_reward_model
 
     quiet_libraries()
+    with usage_errors(PairsError):  # a bad --pairs file is its one line before a .gguf --base converts (minutes)
+        read_pairs(args.pairs)
     try:  # a .gguf file or a packaged model: its converted directory in the model cache, recorded as the base
         base = str(resolve_model_dir(args.base))
     except GGUFError as error:

@@ -41,9 +41,13 @@ class ModelActor:
                  top_p: float = 1.0, seed: int = 0, styles: dict | None = None, engine=None):
         import torch
 
+        from trainers.policy.prompts import ChatTemplateError, template_problem
+
+        self.styles = dict(styles or {})  # agent -> trainers.policy.prompts.TurnStyle (role, chat-template mode)
+        if (problem := template_problem(tokenizer, self.styles)) is not None:  # one line now, not mid-episode
+            raise ChatTemplateError(problem)
         self.name, self.model, self.tokenizer, self.trainable = name, model.eval(), tokenizer, trainable
         self.engine = engine or InProcessEngine()  # where the tokens are generated (trainers/engine)
-        self.styles = dict(styles or {})  # agent -> trainers.policy.prompts.TurnStyle (role, chat-template mode)
         self.temperature, self.top_p = temperature, top_p
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
 

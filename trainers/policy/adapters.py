@@ -29,7 +29,8 @@ import json
 import zlib
 from pathlib import Path
 
-from common.files import write_directory_atomically
+from common.files import read_user_text, write_directory_atomically
+from common.model_files import adapter_folder_problem
 
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_FILE = "marl_base.json"
@@ -38,7 +39,8 @@ _FINGERPRINTS: dict[tuple, str] = {}  # (directory, (name, size, mtime) of its f
 
 
 class AdapterBaseError(ValueError):
-    """An adapter was trained on another base than the one given (or its base is not there)."""
+    """An adapter was trained on another base than the one given, its base is not there, or its folder's
+    files cannot be used (a special file, pickle-only or truncated weights, an unreadable record)."""
 
 
 def is_adapter_dir(path: str | Path) -> bool:
@@ -103,6 +105,7 @@ class AdapterBase:
         from peft import PeftModel
 
         directory = Path(directory)
+        check_adapter_folder(directory)
         check_base(directory, self.base_dir, self.fingerprint)
         try:
             if self.peft is None:
@@ -133,18 +136,35 @@ def check_base(adapter_dir: Path, base_dir: Path, fingerprint: str) -> None:
     if recorded.get("base_fingerprint") not in (None, fingerprint):
         raise AdapterBaseError(
             f"adapter {adapter_dir} was trained on base {recorded.get('base_model_dir')} (fingerprint "
-            f"{recorded['base_fingerprint'][:12]}), not on {base_dir} (fingerprint {fingerprint[:12]}); "
+            f"{str(recorded['base_fingerprint'])[:12]}), not on {base_dir} (fingerprint {fingerprint[:12]}); "
             "use the base it was trained on (train.model for marl run and eval; --base DIR for marl serve, export "
             "and rollout)")
 
 
+def check_adapter_folder(directory: Path) -> None:
+    """AdapterBaseError (one line) when the adapter folder's files cannot be used: a FIFO or device among
+    them, pickle-only weights (never unpickled) or a truncated adapter_model.safetensors."""
+    if (problem := adapter_folder_problem(directory)) is not None:
+        raise AdapterBaseError(f"adapter {problem}")
+
+
 def _recorded_base(adapter_dir: Path) -> dict:
     """marl_base.json of a saved adapter, else what adapter_config.json names as its base ({} if nothing)."""
-    if (adapter_dir / BASE_FILE).is_file():
-        return json.loads((adapter_dir / BASE_FILE).read_text())
-    if (adapter_dir / ADAPTER_CONFIG).is_file():
-        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-        return {"base_model_dir": base} if base else {}
+    for name in (BASE_FILE, ADAPTER_CONFIG):
+        if not (adapter_dir / name).is_file():
+            continue
+        try:
+            recorded = json.loads(read_user_text(adapter_dir / name, max_bytes=1 << 20))
+        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, too large, a 5000-digit number
+            reason = str(getattr(error, "reason", error)).split(";")[0]  # not Python's own tip on digit limits
+            raise AdapterBaseError(f"adapter {adapter_dir}: {name} is unreadable ({reason[:200]}); save the adapter "
+                                   "again") from None
+        if not isinstance(recorded, dict):
+            raise AdapterBaseError(f"adapter {adapter_dir}: {name} is not a JSON object; save the adapter again")
+        if name == BASE_FILE:
+            return recorded
+        base = recorded.get("base_model_name_or_path")
+        return {"base_model_dir": base} if isinstance(base, str) and base else {}
     return {}
 
 
@@ -291,6 +311,7 @@ def load_adapter_dir(directory: str | Path, base_dir: str | Path | None = None, 
     from trainers.policy.tinylm import load_policy
 
     directory = Path(directory)
+    check_adapter_folder(directory)  # before any of its files is read
     base = Path(base_dir) if base_dir is not None else recorded_base_dir(directory)
     model, tokenizer = load_policy(base)
     if (directory / "tokenizer_config.json").is_file():  # a checkpoint saves the tokenizer next to the adapter
@@ -301,6 +322,9 @@ def load_adapter_dir(directory: str | Path, base_dir: str | Path | None = None, 
 def recorded_base_dir(directory: Path) -> Path:
     """The base directory a saved adapter names; AdapterBaseError when it names none or it is not there."""
     recorded = _recorded_base(directory).get("base_model_dir")
+    if recorded is not None and not isinstance(recorded, str):
+        raise AdapterBaseError(f"adapter {directory}: {BASE_FILE} names base {str(recorded)[:80]!r}, not a directory "
+                               "path; pass the base model directory with --base DIR")
     if not recorded:
         raise AdapterBaseError(f"adapter {directory} names no base model (no base_model_name_or_path in "
                                f"{ADAPTER_CONFIG}); pass the base model directory with --base DIR")
@@ -311,10 +335,14 @@ def recorded_base_dir(directory: Path) -> Path:
 
 
 def _tokenizer(directory: Path):
-    """The tokenizer saved next to an adapter, padded as load_policy pads."""
+    """The tokenizer saved next to an adapter, padded as load_policy pads (AdapterBaseError when it does not load)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        raise AdapterBaseError(f"adapter {directory}: its tokenizer does not load ({type(error).__name__}: "
+                               f"{' '.join(str(error).split())[:200]}); save the adapter's tokenizer again") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from common.model_files import model_folder_problem
+
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 DTYPES = ("f32", "f16")
 # the pre-tokenizing split of each llama.cpp name, as tokenizers serialises it (trainers/policy/tokenizer.py's is
@@ -46,7 +48,7 @@ def _read_json(path: Path) -> dict | None:
     """The JSON object in `path`, or None when it is missing or not JSON."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
     return data if isinstance(data, dict) else None
 
@@ -98,8 +100,11 @@ def _tokenizer_problem(directory: Path) -> str | None:
 def export_problem(directory: str | Path) -> str | None:
     """Why the model directory cannot be written as GGUF, in one line naming what to do; None when it can.
 
-    Reads config.json and tokenizer.json only (no weights), so it answers before anything is loaded."""
+    Reads config.json, tokenizer.json and the weights' headers only, so it answers before anything is loaded."""
     directory = Path(directory)
+    # a FIFO or device among the files (a read would never end), pickle-only or truncated weights: first
+    if (directory / "config.json").exists() and (problem := model_folder_problem(directory)) is not None:
+        return problem
     config = _read_json(directory / "config.json")
     if config is None:
         return f"{directory}: no readable config.json; pass a model directory written by save_pretrained"
@@ -196,15 +201,17 @@ def write_gguf(directory: str | Path, path: str | Path, dtype: str = "f32", log:
     """Write the model directory `directory` (a full model: merge an adapter first) as the GGUF file `path`;
     GGUFExportError (one line) for a model it cannot write, checked before the weights are loaded. `log`
     gets the warning lines (a tokenizer without a chat template)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from trainers.policy.loading import check_model_folder, load_model
 
     directory, path = Path(directory), Path(path)
     if dtype not in DTYPES:
         raise GGUFExportError(f"GGUF tensor type {dtype!r}: choose one of {', '.join(DTYPES)}")
     if (problem := export_problem(directory)) is not None:
         raise GGUFExportError(problem)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    check_model_folder(directory)  # pickle-only or truncated weights, a config that does not fit them: one line
+    model = load_model(directory, "float32").eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     arch = ARCHITECTURES[type(model).__name__]
     tensors = list(_tensors(model, arch, dtype))  # every name checked before a byte is written

@@ -3,6 +3,7 @@
     resolve_device("auto")            "cuda" when torch sees one, else "mps", else "cpu"
     resolve_dtype("auto", device)     torch.bfloat16 on a GPU that has it, else torch.float32
     load_policy(path, device=, dtype=) any local Hugging Face causal LM, on that device in that dtype
+    check_model_folder(path)          a folder that does not load: one line (ModelLoadError), before loading
     place_actors(actors, device, dtype) models already built (the team's actors) moved there, with
                                       their sampling generators remade on the same device and seed
     model_device(model)               the device of a model's weights (every tensor of a step follows it)
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from common.model_files import model_folder_problem, shape_problem
 from marl.options import DEVICES, DTYPES
 
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -109,24 +111,68 @@ def _as_dtype(dtype) -> torch.dtype:
 def load_policy(path: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "float32"):
     """Load any local Hugging Face causal LM directory: returns (model in eval mode on `device` in
     `dtype`, tokenizer with a pad token and left padding). `device` and `dtype` are resolved names
-    (see `placement`); the defaults keep the CPU float32 model every test and the demo use."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    (see `placement`); the defaults keep the CPU float32 model every test and the demo use.
+
+    FileNotFoundError without config.json; ModelLoadError (one line naming the directory and the fix)
+    for a folder that does not load: see `check_model_folder` and `load_model`."""
+    from transformers import AutoTokenizer
 
     path = Path(path).resolve()  # absolute: peft records the base's name_or_path in saved adapters
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
-                                "pass a directory written by save_pretrained")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_as_dtype(dtype)).to(device)
-    except (OSError, ValueError) as error:  # no weights, a broken config or tokenizer: one line, not a traceback
-        reason = " ".join(str(error).split())[:200]
-        raise ModelLoadError(f"{path} does not load as a causal LM ({type(error).__name__}: {reason}); pass a "
-                             "directory written by save_pretrained (config.json, weights and tokenizer)") from None
+    check_model_folder(path)
+    tokenizer = _loaded(path, lambda: AutoTokenizer.from_pretrained(path))
+    model = load_model(path, dtype).to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model.eval(), tokenizer
+
+
+def check_model_folder(path: str | Path) -> None:
+    """FileNotFoundError when `path` has no config.json; ModelLoadError (one line) when its files cannot be
+    loaded: a special file, pickle-only or truncated weights, no tokenizer, a config.json that does not
+    match the weights (common/model_files.py). Reads headers only: nothing is unpickled or allocated."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
+                                "pass a directory written by save_pretrained")
+    problem = model_folder_problem(path) or shape_problem(path)
+    if problem is not None:
+        raise ModelLoadError(problem)
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = "float32", auto_class=None, *, new_head: bool = False,
+               what: str = "a causal LM", **options):
+    """The model of a folder `check_model_folder` passed, on the CPU in `dtype`, from its safetensors weights
+    only (never a pickle); `auto_class` is the transformers Auto class (default: the causal LM), `options`
+    go to its from_pretrained (num_labels=1). ModelLoadError (one line) when it does not load, or when the
+    weights lack a tensor of the config's model (transformers would fill it with random numbers); with
+    `new_head`, tensors outside the base model (a reward model's new scalar head) may be missing. `what`
+    names the kind of model in the message."""
+    from transformers import AutoModelForCausalLM
+
+    auto_class = auto_class or AutoModelForCausalLM
+    model, info = _loaded(path, lambda: auto_class.from_pretrained(
+        path, dtype=_as_dtype(dtype), use_safetensors=True, output_loading_info=True, **options), what)
+    backbone = f"{getattr(model, 'base_model_prefix', '')}."
+    missing = sorted(key for key in info.get("missing_keys") or () if not new_head or key.startswith(backbone))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{path}: config.json does not match the weights: its model has {missing[0]}{more}, "
+                             "which the weights do not hold; use the config.json saved with these weights")
+    return model
+
+
+def _loaded(path: Path, load, what: str = "a causal LM"):
+    """`load()`, with whatever transformers, safetensors or jinja raise as one ModelLoadError line (as `marl
+    serve` answers a model that does not load); a PlacementError and a ModelLoadError pass as they are."""
+    try:
+        return load()
+    except (ModelLoadError, PlacementError):
+        raise
+    except Exception as error:  # noqa: BLE001 - no weights, a broken config or tokenizer: one line, not a traceback
+        reason = " ".join(str(error).split())[:200]
+        raise ModelLoadError(f"{path} does not load as {what} ({type(error).__name__}: {reason}); pass a "
+                             "directory written by save_pretrained (config.json, weights and tokenizer)") from None
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

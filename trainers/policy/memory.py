@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
+
+from common.files import read_user_text
+from common.model_files import safetensors_shapes
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 GIB = 1 << 30
+CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; a bigger one is not read for an estimate
 
 
 class ModelTooLarge(ValueError):
@@ -49,11 +52,9 @@ def available_bytes(device: str = "cpu") -> int | None:
 
 
 def _safetensors_parameters(path: Path) -> int:
-    """The elements of every tensor a safetensors file declares in its header (no weights are read)."""
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+    """The elements of every tensor a safetensors file declares in its header (no weights are read; a header
+    that claims terabytes, or a FIFO in the file's place, is a ValueError, not a read)."""
+    return sum(math.prod(shape) for shape in safetensors_shapes(path).values())
 
 
 def _config_parameters(config: dict) -> int | None:
@@ -79,8 +80,10 @@ def model_parameters(directory: str | Path) -> int | None:
         files = sorted(directory.glob("*.safetensors"))
         if files:
             return sum(_safetensors_parameters(path) for path in files)
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError, KeyError, struct.error):
+        config = json.loads(read_user_text(directory / "config.json", max_bytes=CONFIG_BYTES))  # never a FIFO
+    except (OSError, ValueError, KeyError, RecursionError):
+        return None
+    if not isinstance(config, dict):
         return None
     stored = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4)
     binaries = list(directory.glob("pytorch_model*.bin"))

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.chat import end_of_turn_id, render_chat, stop_token_ids, uses_template
+from common.files import read_user_text
 from marl.env import CUT_MARK, keep_ends
 
-__all__ = ["TurnStyle", "agent_styles", "context_problem", "decode_turns", "demonstration", "directory_context",
-           "fit_turn_prompts", "heard_tokens", "model_context", "prompt_limit", "stop_token_ids", "turn_messages", "turn_prompt",
-           "turn_prompts"]
+__all__ = ["ChatTemplateError", "TurnStyle", "agent_styles", "context_problem", "decode_turns", "demonstration",
+           "directory_context", "fit_turn_prompts", "heard_tokens", "model_context", "prompt_limit", "stop_token_ids",
+           "template_problem", "turn_messages", "turn_prompt", "turn_prompts"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,41 @@ def turn_messages(observation: str, style: TurnStyle = DEFAULT_STYLE) -> list[di
     return system + [{"role": "user", "content": observation}]
 
 
+class ChatTemplateError(ValueError):
+    """A model's chat template that fails to render an agent's turn (one line: the model, the error, the fix)."""
+
+
 def turn_prompt(tokenizer, observation: str, style: TurnStyle = DEFAULT_STYLE) -> str:
-    """The prompt text of one turn for `tokenizer` (see the module docstring)."""
+    """The prompt text of one turn for `tokenizer` (see the module docstring); ChatTemplateError when the
+    tokenizer's chat template fails on it (a template may raise, or use what the messages do not have)."""
     if uses_template(tokenizer, style.mode):
-        return render_chat(tokenizer, turn_messages(observation, style), style.mode)
+        try:
+            return render_chat(tokenizer, turn_messages(observation, style), style.mode)
+        except Exception as error:  # noqa: BLE001 - jinja raises many kinds; all mean "this template fails"
+            raise ChatTemplateError(_template_failure(tokenizer, error)) from None
     # plain text: the observation alone; a prompt needs at least one token, hence " " for an empty one
     return render_chat(tokenizer, [{"role": "user", "content": observation}], "none") or " "
+
+
+def _template_failure(tokenizer, error: Exception, agent: str | None = None) -> str:
+    reason = " ".join(str(error).split())[:200]
+    turn = f"the turn of agent {agent!r}" if agent is not None else "a turn"
+    return (f"{getattr(tokenizer, 'name_or_path', '') or 'the model'}: its chat template fails to render {turn} "
+            f"({type(error).__name__}: {reason}); fix chat_template.jinja (or tokenizer_config.json's chat_template), "
+            "or set chat_template: none (the scenario's or the agent's) to prompt in plain text")
+
+
+def template_problem(tokenizer, styles: dict[str, TurnStyle]) -> str | None:
+    """One line when the tokenizer's chat template fails on a turn of one of `styles` (agent -> TurnStyle),
+    rendered as the agent's turns are (its role as the system message); None when every one renders. A
+    model is checked with it when its actor is built, before anything plays."""
+    for agent, style in styles.items():
+        if uses_template(tokenizer, style.mode):
+            try:
+                render_chat(tokenizer, turn_messages("1+2=", style), style.mode)
+            except Exception as error:  # noqa: BLE001 - jinja raises many kinds; all mean "this template fails"
+                return _template_failure(tokenizer, error, agent)
+    return None
 
 
 def turn_prompts(tokenizer, requests, styles: dict[str, TurnStyle] | None = None) -> list[str]:
@@ -129,9 +159,9 @@ def model_context(model) -> int | None:
 
 def directory_context(directory) -> int | None:
     """model_context of a Hugging Face model directory's config.json (None when it names none)."""
-    try:
-        return model_context(json.loads((Path(directory) / "config.json").read_text()))
-    except (OSError, ValueError):
+    try:  # bounded, and never a FIFO or device (a read that would not end)
+        return model_context(json.loads(read_user_text(Path(directory) / "config.json", max_bytes=16 << 20)))
+    except (OSError, ValueError, RecursionError):
         return None
 
 

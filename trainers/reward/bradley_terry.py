@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from common.chat import check_model_dir
 from common.files import write_directory_atomically, write_text_atomically
 from judges.model.reward_model import METADATA_FILE, render_conversation, tokenizer_fingerprint
+from trainers.policy.loading import ModelLoadError, check_model_folder, load_model
 from trainers.records.tracking import make_tracker
 from trainers.reward.pairs import PairsError, PreferencePair, read_pairs, split_pairs
 
@@ -90,18 +91,24 @@ def load_base(config: RewardTrainConfig):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if (problem := check_model_dir(config.base)) is not None:
-        raise PairsError(f"--base {config.base}: {problem}")
+        raise PairsError(f"--base {config.base}: {problem.removeprefix(f'{Path(config.base)}: ')}")
     tokenizer = AutoTokenizer.from_pretrained(config.base)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
+    try:  # a chat template that fails: one line now, not a traceback from the first pair rendered
+        render_conversation(tokenizer, "1+2=", "3")
+    except Exception as error:  # noqa: BLE001 - jinja raises many kinds; all mean "this template fails"
+        raise PairsError(f"--base {config.base}: its chat template fails to render a pair ({type(error).__name__}: "
+                         f"{' '.join(str(error).split())[:200]}); fix chat_template.jinja (or tokenizer_config.json's "
+                         "chat_template), or remove it to score plain text") from None
     torch.manual_seed(config.seed)  # the new head's initial weights
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(config.base, num_labels=1, dtype=torch.float32)
-    except Exception as error:  # noqa: BLE001 - missing or corrupt weights, an architecture with no such head...
-        message = " ".join(str(error).split())[:200]
-        raise PairsError(f"--base {config.base}: its weights do not load as a reward model "
-                         f"({type(error).__name__}: {message})") from None
+    try:  # safetensors weights only, checked first (common/model_files.py); the head alone may be new
+        check_model_folder(config.base)
+        model = load_model(config.base, torch.float32, AutoModelForSequenceClassification, new_head=True,
+                           what="a reward model", num_labels=1)
+    except (ModelLoadError, FileNotFoundError) as error:
+        raise PairsError(f"--base {config.base}: {str(error).removeprefix(f'{Path(config.base)}: ')}") from None
     model.config.pad_token_id = tokenizer.pad_token_id
     if config.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -217,11 +224,17 @@ def _optimizer(model, config: RewardTrainConfig, total_steps: int):
 
 def check_config(config: RewardTrainConfig) -> None:
     """PairsError (one line) for a setting out of range or an --out in the way, before anything is loaded."""
-    checks = [("--epochs", config.epochs, 0), ("--batch-size", config.batch_size, 1), ("--log-every", config.log_every, 1),
-              ("--threads", config.threads, 1), ("--lora-r", config.lora_r, 0)]
-    for flag, value, low in checks:
+    checks = [("--epochs", config.epochs, 0, 10_000, "each epoch passes over every training pair"),
+              ("--batch-size", config.batch_size, 1, 4096, "a step scores 2 x batch-size answers in one forward"),
+              ("--log-every", config.log_every, 1, None, ""), ("--threads", config.threads, 1, 1024,
+                                                               "more threads than any machine has cores"),
+              ("--lora-r", config.lora_r, 0, 4096, "a rank past the model's width adds nothing")]
+    for flag, value, low, high, why in checks:
+        shown = str(value) if len(str(value)) <= 40 else f"{str(value)[:40]}..."  # a 4,000-digit --epochs is cut
         if value < low:
-            raise PairsError(f"{flag} {value}: expected {low} or more")
+            raise PairsError(f"{flag} {shown}: expected {low} or more")
+        if high is not None and value > high:
+            raise PairsError(f"{flag} {shown}: at most {high:,} ({why})")
     if not (math.isfinite(config.lr) and config.lr > 0):
         raise PairsError(f"--lr {config.lr}: expected a number > 0, e.g. --lr 1e-4")
     if not (math.isfinite(config.center_coefficient) and config.center_coefficient >= 0):

@@ -11,10 +11,11 @@ file and the line. Blank lines are skipped.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.files import FileProblem, read_json_objects
 
 KEYS = ("prompt", "chosen", "rejected")
 
@@ -33,14 +34,9 @@ class PreferencePair:
     line: int = 0  # where it came from (1-based), for messages
 
 
-def _parse_line(path: Path, number: int, line: str) -> PreferencePair:
+def _pair(path: Path, number: int, data: dict) -> PreferencePair:
+    """The pair of one JSON object (line `number`); PairsError naming FILE:LINE when it is not one."""
     where = f"{path}:{number}"
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise PairsError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(data, dict):
-        raise PairsError(f"{where}: expected a JSON object with {', '.join(KEYS)}")
     missing = [key for key in KEYS if key not in data]
     if missing:
         raise PairsError(f"{where}: missing {', '.join(repr(k) for k in missing)}; each line needs "
@@ -56,17 +52,16 @@ def _parse_line(path: Path, number: int, line: str) -> PreferencePair:
 
 
 def read_pairs(path: str | Path) -> list[PreferencePair]:
-    """Every pair of a JSONL file, in order; PairsError (FILE:LINE) for the first bad line or an empty file."""
+    """Every pair of a JSONL file, in order; PairsError (FILE:LINE) for the first bad line or an empty file.
+
+    The file is read as every user file is (common.files.read_json_objects): a regular file (not a FIFO or
+    a device), bounded in size, UTF-8, each line JSON bounded in nesting and digits."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PairsError(f"{path}: no such file; give a JSONL file of {{prompt, chosen, rejected}} lines") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise PairsError(f"{path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
-    # split at newlines only: str.splitlines would also break at U+2028 and other separators JSON strings may hold
-    pairs = [_parse_line(path, number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), start=1)
-             if line.strip()]
+        rows = read_json_objects(path, what=f"with {', '.join(KEYS)}")
+    except FileProblem as problem:
+        raise PairsError(str(problem)) from None
+    pairs = [_pair(path, number, data) for number, data in rows]
     if not pairs:
         raise PairsError(f"{path}: no pairs (expected one JSON object per line with {', '.join(KEYS)})")
     return pairs

@@ -29,9 +29,11 @@ from pathlib import Path
 
 from common.files import atomic_file, write_text_atomically
 from marl.rollout import EpisodeJob, EpisodePlayer
+from marl.scenario.spec import MAX_NEW_TOKENS
 
 FIGURES = ("team_success", "team_reward", "tokens_per_turn", "at_budget")
 EXAMPLE = "e.g. --budgets 8,16,32"
+MAX_BUDGET = MAX_NEW_TOKENS  # a budget past an agent's longest turn is no budget
 
 
 def parse_budgets(text: str, flag: str = "--budgets") -> list[int]:
@@ -51,6 +53,9 @@ def parse_budgets(text: str, flag: str = "--budgets") -> list[int]:
         except ValueError:
             raise ValueError(f"{flag} {text}: {item!r} is not a whole number of tokens; list whole numbers "
                              f"separated by commas, {EXAMPLE}") from None
+        if budget > MAX_BUDGET:
+            raise ValueError(f"{flag} {text[:60]}: {str(budget)[:40]} is more than {MAX_BUDGET:,} tokens, the most an "
+                             f"agent may write in one turn (agents[].max_tokens); {EXAMPLE}")
         if budget < 1:
             raise ValueError(f"{flag} {text}: {budget} is below 1 (a turn needs at least one token); give "
                              f"budgets of 1 or more, {EXAMPLE}")

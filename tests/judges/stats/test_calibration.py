@@ -293,3 +293,19 @@ def test_saved_calibrators_are_strict_json_and_a_diverged_fit_is_not_written(tmp
     with pytest.raises(ValueError, match=r"non-finite parameters .* it was not written"):
         platt.save(tmp_path / "diverged.json")
     assert not (tmp_path / "diverged.json").exists() and [p.name for p in tmp_path.iterdir()] == ["cal.json"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{\n  "format_version": 1,\n  "n_fit": ' + "9" * 5000 + "\n}", r"cal\.json:3: an integer of 5,000 digits"),
+    ("[" * 100_000 + "]" * 100_000, r"cal\.json:1: JSON nested more than 100 levels deep"),
+    ('{"format_version": 1, "kind": "platt"}', r"cal\.json: not a calibrator file \(KeyError: 'params'\); fit one"),
+    ("[1, 2]", r"cal\.json: not a calibrator file \(AttributeError"),
+])
+def test_a_hostile_calibrator_file_is_one_value_error_naming_it(tmp_path, text, message):
+    path = tmp_path / "cal.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as caught:
+        Calibrator.load(path)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"^/dev/zero: is a character device, not a regular file"):
+        Calibrator.load("/dev/zero")

@@ -136,7 +136,7 @@ def test_serve_and_rollout_refuse_a_file_that_is_not_gguf_in_one_line(tmp_path):
 
 def test_a_reward_model_base_that_is_not_gguf_is_one_line(tmp_path):
     (tmp_path / "text.gguf").write_text("not a model at all")
-    (tmp_path / "pairs.jsonl").write_text("")
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "2+2?", "chosen": "4", "rejected": "5"}\n')  # read first: valid
     line = one_error_line(marl_in_process("rm", "train", "--pairs", str(tmp_path / "pairs.jsonl"), "--base",
                                           str(tmp_path / "text.gguf"), "--out", str(tmp_path / "rm")))
     assert line.startswith("marl: error: --base ") and "is not a GGUF file" in line and not (tmp_path / "rm").exists()

@@ -187,7 +187,7 @@ def test_a_reward_model_whose_weights_are_gone_or_broken_is_one_clear_error(leng
     broken = tmp_path / "broken"
     shutil.copytree(length_rm[0], broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(RewardModelError, match="its weights do not load"):
+    with pytest.raises(RewardModelError, match="model.safetensors .*: not a safetensors file"):
         RewardModelJudge.load(broken)
     (broken / "model.safetensors").unlink()
     assert "no weight file" in reward_model_problem(broken)
@@ -203,3 +203,32 @@ def test_zero_epochs_saves_the_untrained_baseline_reproducibly(tmp_path, real_mo
     item, answers = Item(prompt="Task: 2+2="), [Candidate("ANSWER: 4."), Candidate("ANSWER: 5. Checked.")]
     rewards = [[j.details["reward"] for j in RewardModelJudge.load(d).score(item, answers)] for d in (first, second)]
     assert rewards[0] == rewards[1]  # the same seed, the same untrained head
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"prompt": "p", "chosen": "a", "rejected": "b", "n": ' + "9" * 5000 + "}\n", ":1: an integer of 5,000 digits"),
+    ("[" * 100_000 + "]" * 100_000 + "\n", ":1: JSON nested more than 100 levels deep"),
+    ('{"prompt": "p", "chosen": "a", "rejected": "b", "w": Infinity}\n', ":1: Infinity is not a JSON number"),
+])
+def test_a_hostile_pairs_line_names_the_line(tmp_path, text, message):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(text)
+    with pytest.raises(PairsError) as caught:
+        read_pairs(path)
+    assert str(caught.value).startswith(str(path) + message) and "\n" not in str(caught.value)
+
+
+def test_a_pairs_file_that_is_not_utf8_text_or_not_a_file(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes('{"prompt": "p", "chosen": "a", "rejected": "b"}\n'.encode() + b'{"prompt": "\xff"}\n')
+    with pytest.raises(PairsError, match=r"pairs\.jsonl:2: not UTF-8 text \(byte 0xff at column 13;"):
+        read_pairs(path)
+    path.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n'.encode("utf-16").decode("latin-1"),
+                    encoding="latin-1")
+    with pytest.raises(PairsError, match=r"pairs\.jsonl: is UTF-16 text; save it as UTF-8$"):
+        read_pairs(path)
+    with pytest.raises(PairsError, match=r"^/dev/zero: is a character device, not a regular file"):
+        read_pairs("/dev/zero")
+    with pytest.raises(PairsError, match=r": is a folder, not a regular file; give a JSON-lines file \(a JSON object "
+                                         r"with prompt, chosen, rejected per line\)$"):
+        read_pairs(tmp_path)
