@@ -44,6 +44,7 @@ from trainers.records.tracking import run_tracker
 from trainers.stages.loop import evaluate_held_out, run_steps
 from trainers.stages.warmup import expert_turns, sft_warmup_stage
 from trainers.team.budgets import log_budget_curve
+from trainers.team.evaluation import credit_example, credit_titles
 
 
 @dataclass
@@ -330,7 +331,8 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
     record_scenario(out, options.scenario, options.overrides, spec.name, config)  # what a later --init-from loads
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
-    report = _write_report(out, spec, before, after, trainer, budget_section)
+    example = credit_example(trainer.player, eval_tasks) if after else ""  # the credit split, in words
+    report = _write_report(out, spec, before, after, trainer, "\n".join(p for p in (example, budget_section) if p))
     if after and "team_success" in after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
             f"(change {after['team_success'] - (before or {}).get('team_success', math.nan):+.3f}){_formed(after)}")
@@ -377,4 +379,5 @@ def _write_report(out: Path, spec, before, after, trainer, budget_section: str =
         judges += "\nJudge calls in this session (cache: judge_cache.sqlite):\n\n" + "".join(
             f"- {line}\n" for line in format_counts(counts).splitlines())
     return write_report(out, title=f"marl run: {spec.name}", before=figures(before), after=figures(after),
-                        extra=judges + (f"\n{budget_section}" if budget_section else ""))
+                        extra=judges + (f"\n{budget_section}" if budget_section else ""),
+                        titles=credit_titles(spec.credit))

@@ -4,7 +4,8 @@
     exact.py       coalition values and exact credit from one table of all coalitions
     montecarlo.py  sampled (Monte Carlo) estimators over one evaluation cache, and the `auto` choice
     coalitions.py  coalition values of a scenario: what the team earns when only some agents play
-    replay.py      per-episode credit from counterfactual replays of a played batch
+    replay.py      per-episode credit from counterfactual replays of a played batch; the figures logged
+    explain.py     one episode's credit split told in words (a run report's credit section)
 
 Public names (imported on first use): the estimators `shapley`, `banzhaf`, `owen`, `myerson`,
 `difference_rewards`, `least_core`, and their result `CreditEstimate`.

@@ -89,7 +89,7 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
     needed = [c for c in coalitions_needed(credit, players, player.visibility) if c != everyone]
     replays = [EpisodeReplays(e, {everyone: e.team_reward()}, memos) for e, memos in
                zip(episodes, shared_memos(episodes, credit.rollouts, credit.samples_shared_by))]
-    _fill_values(player, replays, needed, credit)
+    fill_values(player, replays, needed, credit)
     estimates = []
     for replay in replays:
         if replay.masked():
@@ -99,7 +99,7 @@ def episode_credits(player: EpisodePlayer, episodes, credit) -> list:
         def value(coalition, replay=replay):  # sampled estimators ask for coalitions as they go
             coalition = frozenset(coalition)
             if coalition not in replay.values:
-                _fill_values(player, [replay], [coalition], credit)
+                fill_values(player, [replay], [coalition], credit)
             return replay.values[coalition]
 
         try:
@@ -131,7 +131,7 @@ def _task_key(episode) -> tuple:
     return getattr(task, "id", task), episode.job.prefix
 
 
-def _fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> None:
+def fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> None:
     """v(S) of each episode for the given coalitions: rescored (mask) or replayed in one batch, the
     replays of an episode sharing its memos (one per rollout) with every earlier and later call."""
     if not coalitions:
@@ -160,12 +160,18 @@ def _fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> N
         replays[index].values[coalition] = statistics.fmean(values)
 
 
-def credit_shares(credits, agents) -> dict[str, float]:
-    """credit/<agent>/share: each agent's summed credit over the batch's total (when it is positive)."""
+def credit_figures(credits, agents) -> dict[str, float]:
+    """credit/<agent>/value and credit/<agent>/share of a batch, whatever the credits' signs.
+
+    value: the agent's mean credit per episode whose credit was not masked. share: its summed credit
+    over the sum of every agent's |summed credit|, so the shares' magnitudes add up to 1 and a negative
+    share says the agent did worse than the stand-in it is measured against; all 0 when every credit is
+    0. Empty when every episode's credit was masked (nothing to say, never a 0)."""
     kept = [c for c in credits if c is not None]
+    if not kept:
+        return {}
     sums = {a: sum(c.values[a] for c in kept) for a in agents}
-    total = sum(sums.values())
-    metrics = {f"credit/{a}/mean": sums[a] / len(kept) for a in agents} if kept else {}
-    if total > 0:
-        metrics.update({f"credit/{a}/share": sums[a] / total for a in agents})
+    scale = sum(abs(value) for value in sums.values())
+    metrics = {f"credit/{a}/value": sums[a] / len(kept) for a in agents}
+    metrics.update({f"credit/{a}/share": sums[a] / scale if scale > 0 else 0.0 for a in agents})
     return metrics

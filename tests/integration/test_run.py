@@ -64,7 +64,8 @@ def test_two_step_run_trains_every_policy_and_logs_to_wandb(demo_model_dir, tmp_
     run, files = read_offline_run(out)
     history = [row for row in run["history"] if "train/reward" in row]
     assert [row["train/step"] for row in history] == [1, 2]
-    for key in ("train/team_success", "train/agent/left/reward", "train/agent/final/reward", "credit/left/mean",
+    for key in ("train/team_success", "train/agent/left/reward", "train/agent/final/reward", "credit/left/value",
+                "credit/left/share",
                 "policy/shared/loss", "policy/left/loss", "guard/self_bleu", "judge/masked_episodes"):
         assert all(key in row for row in history), key
     assert ("policy/*", "train/step") in {(m["name"], m["step_metric"]) for m in run["metrics"]}
@@ -83,7 +84,11 @@ def test_two_step_run_trains_every_policy_and_logs_to_wandb(demo_model_dir, tmp_
 
     report = (out / "report.md").read_text()
     assert "Held-out evaluation" in report and "team_success" in report and "masked reward" in report
-    assert (out / "plots" / "reward.png").exists()
+    assert "### Credit per agent: value and share (shapley credit against the stand-in policy " in report
+    example = report[report.index("## Credit: one held-out episode, after training"):]  # the split in words
+    assert all(f"Without `{agent}` the team would have scored" in example for agent in ("left", "right", "final"))
+    assert "Credit (shapley/exact): `left` " in example
+    assert (out / "plots" / "reward.png").exists() and (out / "plots" / "credit.png").exists()
     before, after = (json.loads((out / name).read_text()) for name in ("before.json", "after.json"))
     assert 0 <= before["team_success"] <= 1 and 0 <= after["team_success"] <= 1
 

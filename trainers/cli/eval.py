@@ -137,6 +137,6 @@ def eval_table(result: dict) -> str:
     lines.append(f"  (paraphrases: {para['tasks_reached']} of {para['tasks_with_variants']} tasks with variants "
                  "changed what an agent saw)")
     if result["credit"]:
-        lines += [f"  credit {agent:<19}{format_value(c['mean']):>8}  share {format_value(c['share'])}"
+        lines += [f"  credit {agent:<19}{format_value(c['value']):>8}  share {format_value(c['share'])}"
                   for agent, c in result["credit"]["agents"].items()]
     return "\n".join(lines)

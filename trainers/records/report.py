@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ PLOTS = (
     PlotSpec("self_bleu.png", "Self-BLEU (diversity guard; lower = more diverse)", "Self-BLEU",
              r"guard/self_bleu"),
     PlotSpec("pass_rate.png", "Pass rate per difficulty bucket", "pass rate", r"bucket/\d+/pass_rate"),
-    PlotSpec("credit.png", "Credit share per agent", "share", r"credit/[^/]+/share"),
+    PlotSpec("credit.png", "Credit per agent: value and share", "credit", r"credit/[^/]+/(value|share)"),
     PlotSpec("kl.png", "KL to the reference policy", "KL", r"train/kl|policy/[^/]+/kl"),
     PlotSpec("wins.png", "Win rate per agent (competitive)", "win rate", r"train/agent/[^/]+/win_rate"),
     PlotSpec("ratings.png", "Self-play ratings", "rating", r"selfplay/rating/learner"),
@@ -210,11 +210,13 @@ def held_out_lines(before: Mapping[str, Any] | None, after: Mapping[str, Any] | 
 
 
 def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, Any] | None = None,
-                 after: Mapping[str, Any] | None = None, extra: str = "") -> Path:
+                 after: Mapping[str, Any] | None = None, extra: str = "",
+                 titles: Mapping[str, str] | None = None) -> Path:
     """Write `run_dir/plots/*.png` and `run_dir/report.md` from `run_dir/metrics.jsonl`; return the report path.
 
     `before` / `after` are held-out figures (metric name -> value) shown side by side when given;
-    `extra` (markdown) ends the report. Every file replaces its old version atomically.
+    `extra` (markdown) ends the report; `titles` (file name -> title) replaces plots' titles, e.g. to
+    say what credit is measured against. Every file replaces its old version atomically.
     """
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
@@ -223,7 +225,8 @@ def write_report(run_dir: Path, title: str = "Run report", before: Mapping[str, 
     rows = sorted(read_metrics(metrics_path), key=lambda row: row[STEP_KEY])
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
-    plotted = [(spec, plot_family(rows, spec, plots_dir)) for spec in PLOTS]
+    specs = [replace(spec, title=(titles or {}).get(spec.file_name, spec.title)) for spec in PLOTS]
+    plotted = [(spec, plot_family(rows, spec, plots_dir)) for spec in specs]
     keys = [key for spec, path in plotted if path is not None
             for key in matching_keys(rows, spec.key_pattern) if series(rows, key)[0]]
     lines = [f"# {title}", "", f"Run directory: `{run_dir}`", "", "## Summary", ""]

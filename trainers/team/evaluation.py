@@ -25,8 +25,9 @@ of every share and counted in `masked_episodes`. The metrics:
                              null_message replays) lowers the team reward. Independent of the scenario's
                              credit section (cooperative scenarios with credit on; else None)
 
-and `credit`: each agent's mean credit over the first-try episodes and its share of the total
-(the scenario's `credit` section; cooperative scenarios only).
+and `credit`: each agent's mean credit over the first-try episodes (`value`) and its `share`, its
+summed credit over the sum of every agent's |summed credit|, negative when it did worse than the
+stand-in it is measured against (the scenario's `credit` section; cooperative scenarios only).
 """
 
 from __future__ import annotations
@@ -292,12 +293,12 @@ def _observations(episode) -> list[tuple[str, str]]:
 
 def _credit_summary(player, episodes, first: list[float]) -> dict:
     """Mean credit and share per agent, and the effective reasoning rate, from greedy credit replays."""
-    from marl.credit.replay import credit_shares, episode_credits
+    from marl.credit.replay import credit_figures, episode_credits
 
     spec, agents = player.scenario.spec, player.scenario.agent_names
     estimates = episode_credits(player, episodes, spec.credit)
-    figures = credit_shares(estimates, agents)
-    per_agent = {agent: {"mean": _finite(figures.get(f"credit/{agent}/mean")),
+    figures = credit_figures(estimates, agents)
+    per_agent = {agent: {"value": _finite(figures.get(f"credit/{agent}/value")),
                          "share": _finite(figures.get(f"credit/{agent}/share"))} for agent in agents}
     successful = [episode for episode, estimate, ok in zip(episodes, estimates, first)
                   if ok == 1.0 and estimate is not None]
@@ -366,7 +367,7 @@ def eval_markdown(result: dict) -> str:
         credit = result["credit"]
         lines += ["", f"## Credit ({credit['method']}, absent: {credit['absent']}, {credit['episodes']} episodes)", "",
                   "| agent | mean credit | share |", "|---|---|---|"]
-        lines += [f"| {agent} | {format_value(c['mean'])} | {format_value(c['share'])} |"
+        lines += [f"| {agent} | {format_value(c['value'])} | {format_value(c['share'])} |"
                   for agent, c in credit["agents"].items()]
     failed = [row["task"] for row in result["per_task"] if row["solved"] == 0.0]
     if failed:
@@ -385,3 +386,28 @@ def seating_note(result: dict) -> str:
 def format_value(value) -> str:
     """A metric value for tables: three decimals, or '-' when it does not apply."""
     return "-" if value is None else f"{value:.3f}"
+
+
+def credit_example(player, tasks: list[Task], *, seed: int = 0) -> str:
+    """A report section: the first held-out task played at temperature 0 and its credit split told
+    in words (marl.credit.explain); '' when the scenario splits no credit (not cooperative)."""
+    from marl.credit.explain import explain_credit
+
+    spec = player.scenario.spec
+    if spec.mode != "cooperative" or not tasks:
+        return ""
+    greedy = GreedyPlayer(player)
+    episode = greedy.play([EpisodeJob(tasks[0], seed)]).episodes[0]
+    lines = explain_credit(greedy, episode, spec.credit)
+    return "\n".join(["## Credit: one held-out episode, after training", "", *lines]) + "\n"
+
+
+def credit_titles(credit) -> dict[str, str]:
+    """The report's plot titles that say what per-agent rewards and credit are measured against."""
+    from marl.credit.explain import stand_in_words
+
+    if credit.method == "team":
+        return {}
+    against = f"{credit.method} credit against {stand_in_words(credit)}"
+    return {"reward.png": f"Reward and team success (per-agent: {against})",
+            "credit.png": f"Credit per agent: value and share ({against})"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from marl.credit.replay import credit_shares
+from marl.credit.replay import credit_figures
 from marl.selfplay import match_score
 from trainers.grpo.shared import bucket_metrics, nanmean
 
@@ -73,7 +73,7 @@ def step_metrics(trainer, result, mode: str, bucket: int, guards: dict, updates:
         if mode != "cooperative":
             metrics[f"train/agent/{agent}/win_rate"] = nanmean([won(e, agent) for e in episodes])
     if result.credits is not None:
-        metrics.update(credit_shares(result.credits, trainer.agents))
+        metrics.update(credit_figures(result.credits, trainer.agents))
         metrics["judge/masked_credit"] = masked_credit(episodes, result.credits)
     metrics.update(_policy_metrics(updates))
     metrics["train/lr"] = next(iter(trainer.learners.values())).lr()

@@ -98,7 +98,7 @@ def test_expert_relay_team_gets_full_marks_and_equal_credit():
     assert metrics["effective_reasoning_rate"] == 1.0
     assert metrics["tool_call_validity"] is None  # relay has no tools
     for agent in ("left", "right", "final"):  # each is pivotal: Shapley gives 1/3 of the team reward
-        assert result["credit"]["agents"][agent]["mean"] == pytest.approx(1 / 3)
+        assert result["credit"]["agents"][agent]["value"] == pytest.approx(1 / 3)
         assert result["credit"]["agents"][agent]["share"] == pytest.approx(1 / 3)
     assert result["credit"]["successful_episodes"] == 12
 
@@ -109,7 +109,8 @@ def test_against_an_expert_stand_in_an_expert_team_earns_no_credit():
     player, tasks = _player("relay", [*EXPERTS, "tasks.eval_count=6"])
     result = evaluate_scenario(player, tasks)
     assert result["credit"]["absent"] == "default_policy"
-    assert all(result["credit"]["agents"][a]["mean"] == 0.0 for a in ("left", "right", "final"))
+    assert all(result["credit"]["agents"][a]["value"] == 0.0 for a in ("left", "right", "final"))
+    assert all(result["credit"]["agents"][a]["share"] == 0.0 for a in ("left", "right", "final"))  # nothing to split
     assert result["metrics"]["effective_reasoning_rate"] == 1.0
 
 
@@ -134,7 +135,8 @@ def test_a_silent_agent_fails_every_task_and_takes_the_blame():
     assert metrics["format_compliance"] == 0.0
     assert metrics["effective_reasoning_rate"] is None  # no successful episode to judge
     credit = result["credit"]["agents"]  # against an expert stand-in, the silent agent takes all the blame
-    assert credit["left"]["mean"] == credit["right"]["mean"] == 0.0 and credit["final"]["mean"] == -1.0
+    assert credit["left"]["value"] == credit["right"]["value"] == 0.0 and credit["final"]["value"] == -1.0
+    assert credit["final"]["share"] == -1.0  # logged whatever the sign: all the (negative) credit is its
     assert [row["solved"] for row in result["per_task"]] == [0.0] * 6
 
 
@@ -163,8 +165,8 @@ def test_an_agent_nobody_hears_makes_no_episode_effective(probe):
     result = evaluate_scenario(player, tasks)
     assert result["metrics"]["effective_reasoning_rate"] == 0.0
     credit = result["credit"]["agents"]
-    assert credit["chatter"]["mean"] == 0.0
-    assert credit["solver"]["mean"] == pytest.approx(0.75) and credit["solver"]["share"] == 1.0
+    assert credit["chatter"]["value"] == 0.0
+    assert credit["solver"]["value"] == pytest.approx(0.75) and credit["solver"]["share"] == 1.0
 
 
 def test_weather_tool_calls_and_reworded_questions():

@@ -105,7 +105,7 @@ def test_a_step_changes_every_parameter_and_reports_its_metrics(solo):
     for name, param in _model(trainer).named_parameters():
         assert not torch.equal(before[name], param), f"{name} did not change"
     expected = {"train/step", "train/reward", "train/team_success", "train/signal_groups", "train/loss", "train/lr",
-                "train/agent/solver/reward", "credit/solver/mean", "policy/shared/loss", "policy/shared/grad_norm",
+                "train/agent/solver/reward", "credit/solver/value", "policy/shared/loss", "policy/shared/grad_norm",
                 "policy/shared/clip_fraction", "policy/shared/trained_rows", "time/play", "time/credit",
                 "time/update", "time/step", "guard/self_bleu", "guard/floored_groups", "guard/diversity_penalised",
                 "judge/masked_episodes", "judge/masked_total", "bucket/0/pass_rate",

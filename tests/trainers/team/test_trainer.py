@@ -80,7 +80,7 @@ def test_the_step_result_names_what_the_step_played_and_trained_on(team):
     assert set(result.batch.generations) == {"shared"}
     assert metrics["train/step"] == 1 and "policy/shared/loss" in metrics
     for agent in agents:
-        assert f"train/agent/{agent}/reward" in metrics and f"credit/{agent}/mean" in metrics
+        assert f"train/agent/{agent}/reward" in metrics and f"credit/{agent}/value" in metrics
         for start in range(0, len(episodes), G):  # group-normalised: each agent's advantages centre on 0 per task
             assert sum(result.advantages[agent][start:start + G]) == pytest.approx(0.0, abs=1e-9)
 
