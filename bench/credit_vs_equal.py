@@ -1,23 +1,27 @@
-"""Benchmark Shapley credit against the team reward copied to every agent, on relay with a free rider.
+"""Benchmark credit methods (Shapley, leave-one-out) against the team reward copied to every agent, on
+relay with a free rider, in steps, seconds and CPU seconds to a target fixed before training.
 
-Run from a checkout: `python bench/credit_vs_equal.py` (3 seeds x 60 steps per condition, about
-4 minutes on a 2-core CPU once the tiny model is cached), or `--quick` (seconds, for
-tests/integration/test_benchmarks.py: 1 seed x 2 steps, 24 held-out tasks), which measures the same ratio on a run
-too short for either condition to reach its target. The last line, `ratio: ...`, is the steps to target
-of Shapley credit over those of the team reward (the anchor), both trained in this run.
+Run from a checkout: `python bench/credit_vs_equal.py` (3 seeds x 60 steps per condition and p), or
+`--quick` (seconds, for tests/integration/test_benchmarks.py: 1 seed x 2 steps, 24 held-out tasks),
+which measures the same ratio on a run too short for any condition to reach its target. The last line,
+`ratio: ...`, is the CPU seconds to target of the cheapest credit method over those of the team reward
+(the anchor), at the worse p, all trained in this run.
 
 Set-up. The relay scenario (`left` adds the first pair, `right` the second, `final` adds their two
 sums) with `right` played by a frozen, noisy scripted policy (`noisy_right`, below): it gives the
 correct sum with probability `--p` and a wrong number otherwise. It never learns and is right or
 wrong whatever its teammates do: a free rider on the team reward. `left` and `final` share the
-trainable tiny model, as in the built-in scenario. Both conditions use the scenario's own training
+trainable tiny model, as in the built-in scenario. The conditions use the scenario's own training
 settings (8 prompts x 8 candidates per step, lr 5e-5, DAPO loss, group-scaled advantages) and
-differ only in `credit.method`:
+differ only in `credit.method` (`--methods`):
 
-    team      the team reward copied to every agent
-    shapley   exact Shapley values over the 3 agents from counterfactual replays of each episode,
-              with `credit.absent=default_policy` and the scenario's expert as the stand-in
-              (default; `--absent resample` or `--absent null_message` for the other choices)
+    team        the team reward copied to every agent (the anchor)
+    shapley     exact Shapley values over the 3 agents from counterfactual replays of each episode
+                (2^3 - 1 coalitions, 6 replayed), with `credit.absent=default_policy` and the
+                scenario's expert as the stand-in (default; `--absent resample` or
+                `--absent null_message` for the other choices)
+    difference  leave-one-out (difference rewards): v(everyone) - v(everyone without the agent),
+                n = 3 replays per episode instead of 6, against the same stand-in
 
 What "absent" means decides what Shapley can see (measured with 5 seeds x 80 steps, docs/benchmarks.md):
 
@@ -44,8 +48,10 @@ Measured per (condition, seed): held-out team success (100 tasks, temperature 0 
 `trainers.team.evaluation.evaluate_team`) every `--eval-every` steps, the first evaluated step at which
 it reaches the target (`--target`, default: the initial success + `--gain`), and the final success.
 Runs use `prepare` and `trainer.step()` directly: no run directory, nothing written but a temp dir.
-Goal: Shapley credit reaches the target in at most 0.7x the steps of the team reward (ratio of the
-mean steps over seeds; a seed that never reaches it counts as `--steps` and is marked '>').
+Training seconds and CPU seconds (this process's, so other work on the box does not count) are the
+steps' own. Goal: some credit method reaches the target in at most 0.7x the team reward's seconds at
+both p (ratio of the means over seeds; a seed that never reaches it counts as its whole run and is
+marked '>').
 """
 
 from __future__ import annotations
@@ -137,14 +143,15 @@ def train_condition(scenario_path: Path, settings: list[str], steps: int, eval_e
     eval_tasks = eval_tasks[:eval_tasks_max]
     scenario.resolve(f"{MODULE}:reset_noise")(p, seed)
     phase = scenario.resolve(f"{MODULE}:set_phase")
-    curve, seconds = [(0, 0.0, held_out_success(trainer, eval_tasks, phase))], 0.0
+    curve, seconds, cpu = [(0, 0.0, 0.0, held_out_success(trainer, eval_tasks, phase))], 0.0, 0.0
     for step in range(1, steps + 1):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         trainer.step()
         seconds += time.perf_counter() - started
+        cpu += time.process_time() - cpu_started  # this process's CPU: the box's other work does not count
         if step % eval_every == 0 or step == steps:
-            curve.append((step, seconds, held_out_success(trainer, eval_tasks, phase)))
-    return {"curve": curve, "seconds": seconds}
+            curve.append((step, seconds, cpu, held_out_success(trainer, eval_tasks, phase)))
+    return {"curve": curve, "seconds": seconds, "cpu": cpu}
 
 
 def held_out_success(trainer, eval_tasks, phase) -> float:
@@ -162,60 +169,71 @@ def held_out_success(trainer, eval_tasks, phase) -> float:
 
 
 def reached(curve: list[tuple], target: float, smooth: int) -> tuple | None:
-    """The first evaluated point (step, seconds, success) whose success, averaged with the `smooth` - 1
-    evaluations before it, reaches `target` (None: never within the run). The average keeps one lucky
-    evaluation (held-out noise is a few points) from deciding the race."""
+    """The first evaluated point (step, seconds, CPU seconds, success) whose success, averaged with the
+    `smooth` - 1 evaluations before it, reaches `target` (None: never within the run). The average keeps
+    one lucky evaluation (held-out noise is a few points) from deciding the race."""
     for index in range(1, len(curve)):
-        window = [success for _, _, success in curve[max(1, index - smooth + 1):index + 1]]
+        window = [point[-1] for point in curve[max(1, index - smooth + 1):index + 1]]
         if len(window) == min(smooth, index) and statistics.fmean(window) >= target - 1e-9:
             return curve[index]
     return None
 
 
-def to_target(run: dict, target: float, smooth: int, steps: int) -> tuple[float, float, bool]:
-    """(steps, training seconds, reached) to the target; a run that never reaches it counts as its whole
-    length in steps and seconds (censored: the ratio is then a bound)."""
+def to_target(run: dict, target: float, smooth: int, steps: int) -> tuple[float, float, float, bool]:
+    """(steps, training seconds, CPU seconds, reached) to the target; a run that never reaches it counts
+    as its whole length (censored: the ratio is then a bound)."""
     point = reached(run["curve"], target, smooth)
-    return (float(steps), run["seconds"], False) if point is None else (float(point[0]), point[1], True)
+    if point is None:
+        return float(steps), run["seconds"], run["cpu"], False
+    return float(point[0]), point[1], point[2], True
 
 
 def summarise(results: dict, seeds: list[int], target_of: dict, args) -> dict:
-    """Per condition: mean steps and seconds to target, seeds that missed it, final success, s/step."""
+    """Per method: mean steps, seconds and CPU seconds to target, seeds that missed it, final success,
+    s/step; and each method's ratios to the team reward (the anchor)."""
     means = {}
-    for method in ("team", "shapley"):
+    for method in args.methods:
         reach = [to_target(results[method, seed], target_of[seed], args.smooth, args.steps) for seed in seeds]
         means[method] = {"steps": statistics.fmean(r[0] for r in reach),
                          "seconds": statistics.fmean(r[1] for r in reach),
-                         "missed": sum(not r[2] for r in reach),
-                         "final": statistics.fmean(results[method, seed]["curve"][-1][2] for seed in seeds),
-                         "per_step": statistics.fmean(results[method, seed]["seconds"] / args.steps for seed in seeds)}
-    means["steps_ratio"] = means["shapley"]["steps"] / means["team"]["steps"]
-    means["seconds_ratio"] = means["shapley"]["seconds"] / means["team"]["seconds"]
+                         "cpu": statistics.fmean(r[2] for r in reach),
+                         "missed": sum(not r[3] for r in reach),
+                         "final": statistics.fmean(results[method, seed]["curve"][-1][-1] for seed in seeds),
+                         "per_step": statistics.fmean(results[method, seed]["seconds"] / args.steps for seed in seeds),
+                         "cpu_per_step": statistics.fmean(results[method, seed]["cpu"] / args.steps for seed in seeds)}
+    team = means["team"]
+    for method in args.methods[1:]:
+        means[method].update({f"{kind}_ratio": means[method][kind] / team[kind] for kind in ("steps", "seconds", "cpu")})
     return means
 
 
 def print_table(results: dict, seeds: list[int], target_of: dict, args, p: float) -> dict:
-    """Per seed and mean: initial and final success, steps and seconds to target; returns the summary."""
-    print(f"\nfree rider right with p={p}; target = initial + {args.gain} (mean of {args.smooth} evaluations)")
-    print(f"{'seed':>4} {'target':>6} | {'initial':>7} | {'team final':>10} {'steps':>6} {'s':>6} | "
-          f"{'shapley final':>13} {'steps':>6} {'s':>6}")
+    """Per seed and mean: initial and final success, steps, seconds and CPU seconds to target per method;
+    returns the summary."""
+    print(f"\nfree rider right with p={p}; target = initial + {args.gain} (mean of {args.smooth} evaluations), "
+          "fixed from the initial evaluation before any training step")
+    print(f"{'seed':>4} {'target':>6} {'initial':>7} | " + " | ".join(
+        f"{method[:10]:>10} final {'steps':>6} {'s':>6} {'cpu s':>6}" for method in args.methods))
     for seed in seeds:
-        row = [f"{seed:>4} {target_of[seed]:>6.2f} | {results['team', seed]['curve'][0][2]:>7.2f} |"]
-        for method, width in (("team", 10), ("shapley", 13)):
+        row = [f"{seed:>4} {target_of[seed]:>6.2f} {results['team', seed]['curve'][0][-1]:>7.2f} |"]
+        for method in args.methods:
             run = results[method, seed]
-            steps, seconds, hit = to_target(run, target_of[seed], args.smooth, args.steps)
+            steps, seconds, cpu, hit = to_target(run, target_of[seed], args.smooth, args.steps)
             mark = "" if hit else ">"
-            row.append(f"{run['curve'][-1][2]:>{width}.2f} {mark + str(int(steps)):>6} {mark + f'{seconds:.0f}':>6} |")
+            row.append(f"{run['curve'][-1][-1]:>16.2f} {mark + str(int(steps)):>6} {mark + f'{seconds:.0f}':>6} "
+                       f"{mark + f'{cpu:.0f}':>6} |")
         print(" ".join(row).rstrip(" |"))
     means = summarise(results, seeds, target_of, args)
-    team, shap = means["team"], means["shapley"]
-    print(f"{'mean':>4} {'':>6} | {'':>7} | {team['final']:>10.2f} {team['steps']:>6.1f} {team['seconds']:>6.1f} | "
-          f"{shap['final']:>13.2f} {shap['steps']:>6.1f} {shap['seconds']:>6.1f}")
-    for method in ("team", "shapley"):
+    print(f"{'mean':>4} {'':>6} {'':>7} | " + " | ".join(
+        f"{means[m]['final']:>16.2f} {means[m]['steps']:>6.1f} {means[m]['seconds']:>6.1f} {means[m]['cpu']:>6.1f}"
+        for m in args.methods))
+    for method in args.methods:
         print(f"  {method}: target missed by {means[method]['missed']} of {len(seeds)} seeds (counted as the whole "
-              f"run); {means[method]['per_step']:.3f} s per training step")
-    print(f"  shapley / team: steps to target {means['steps_ratio']:.2f}, seconds to target "
-          f"{means['seconds_ratio']:.2f} (goal <= {GOAL_RATIO})")
+              f"run); {means[method]['per_step']:.3f} s and {means[method]['cpu_per_step']:.3f} CPU s per step")
+    for method in args.methods[1:]:
+        m = means[method]
+        print(f"  {method} / team: steps to target {m['steps_ratio']:.2f}, seconds {m['seconds_ratio']:.2f}, "
+              f"CPU seconds {m['cpu_ratio']:.2f} (goal <= {GOAL_RATIO})")
     return means
 
 
@@ -223,8 +241,8 @@ def print_curves(results: dict, seeds: list[int]) -> None:
     """Held-out success at every evaluated step, per condition and seed."""
     print("\nheld-out team success by step (step:success):")
     for (method, seed), run in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
-        points = " ".join(f"{step}:{success:.2f}" for step, _, success in run["curve"])
-        print(f"  seed {seed} {method:<7} {points}")
+        points = " ".join(f"{point[0]}:{point[-1]:.2f}" for point in run["curve"])
+        print(f"  seed {seed} {method:<10} {points}")
 
 
 def parse_args(argv=None):
@@ -245,8 +263,14 @@ def parse_args(argv=None):
     parser.add_argument("--samples-shared-by", default="task", choices=("task", "episode"),
                         help="credit.samples_shared_by of the Shapley condition (default task)")
     parser.add_argument("--eval-tasks", type=int, default=300, help="held-out tasks evaluated (default 300)")
+    parser.add_argument("--methods", default="team,shapley,difference",
+                        help="credit.method of each condition, comma-separated; team (the anchor) comes first "
+                             "(default team,shapley,difference: difference is leave-one-out, n replays per episode)")
     parser.add_argument("--quick", action="store_true", help="seconds: 1 seed x 2 steps, 24 held-out tasks")
     args = parser.parse_args(argv)
+    args.methods = [method.strip() for method in args.methods.split(",") if method.strip()]
+    if not args.methods or args.methods[0] != "team" or len(args.methods) < 2:
+        parser.error(f"--methods {','.join(args.methods)!r}: start with team (the anchor), then the methods compared")
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_tasks = 1, 2, 2, 24
     try:
@@ -272,14 +296,14 @@ def run_setting(scenario_path: Path, p: float, seeds: list[int], args) -> dict:
     results = {}
     held_out = held_out_settings(scenario_path, args.eval_tasks)
     for seed in seeds:
-        for method in ("team", "shapley"):
+        for method in args.methods:
             settings = overrides(method, args.absent, seed, args.rollouts) + held_out + \
                 [f"credit.samples_shared_by={args.samples_shared_by}"]
             run = train_condition(scenario_path, settings, args.steps, args.eval_every, p, seed)
             results[method, seed] = run
-            print(f"  p={p} seed {seed} {method:<7} initial {run['curve'][0][2]:.2f} final {run['curve'][-1][2]:.2f} "
-                  f"({run['seconds']:.0f} s training)", flush=True)
-    target_of = {seed: args.target if args.target is not None else results["team", seed]["curve"][0][2] + args.gain
+            print(f"  p={p} seed {seed} {method:<10} initial {run['curve'][0][-1]:.2f} final {run['curve'][-1][-1]:.2f} "
+                  f"({run['seconds']:.0f} s training, {run['cpu']:.0f} CPU s)", flush=True)
+    target_of = {seed: args.target if args.target is not None else results["team", seed]["curve"][0][-1] + args.gain
                  for seed in seeds}
     print_curves(results, seeds)
     return print_table(results, seeds, target_of, args, p)
@@ -301,14 +325,17 @@ def main(argv=None) -> int:
         scenario_path = relay_with_free_rider(Path(tmp))
         for p in args.p:
             summaries[p] = run_setting(scenario_path, p, seeds, args)
-    print("\nsummary (shapley / team, mean over seeds; goal <= 0.7 in seconds at every p):")
+    print(f"\nsummary (method / team, mean over seeds; goal <= {GOAL_RATIO} in seconds at every p):")
     for p, means in summaries.items():
-        verdict = "met" if means["seconds_ratio"] <= GOAL_RATIO else "NOT met"
-        print(f"  p={p}: steps {means['steps_ratio']:.2f}, seconds {means['seconds_ratio']:.2f} ({verdict}); "
-              f"final {means['team']['final']:.2f} -> {means['shapley']['final']:.2f}")
-    worst = max(means["seconds_ratio"] for means in summaries.values())
-    print(f"ratio: {worst:.2f} (shapley seconds to target / team seconds to target, the worse p; anchor: the team "
-          f"reward, trained in this run)")
+        for method in args.methods[1:]:
+            m = means[method]
+            verdict = "met" if m["cpu_ratio"] <= GOAL_RATIO else "NOT met"
+            print(f"  p={p} {method}: steps {m['steps_ratio']:.2f}, seconds {m['seconds_ratio']:.2f}, CPU seconds "
+                  f"{m['cpu_ratio']:.2f} ({verdict}); final {means['team']['final']:.2f} -> {m['final']:.2f}")
+    worst = {method: max(means[method]["cpu_ratio"] for means in summaries.values()) for method in args.methods[1:]}
+    best = min(worst, key=worst.get)
+    print(f"ratio: {worst[best]:.2f} ({best} CPU seconds to target / team CPU seconds to target, the worse p, "
+          f"the best of {', '.join(args.methods[1:])}; anchor: the team reward, trained in this run)")
     return 0
 
 
