@@ -3,6 +3,8 @@ samples shared across the coalitions of one episode (common random numbers)."""
 
 from __future__ import annotations
 
+import zlib
+
 from marl.policies import get_policy, null_policy, random_policy
 from marl.scenario.load import load_scenario
 from trainers.policy.actors import ScriptedActor
@@ -102,3 +104,37 @@ def test_replays_of_one_tasks_episodes_sample_each_counterfactual_view_once():
     assert all(estimate is not None for estimate in credits)
     for episode, estimate in zip(episodes, credits):  # efficiency: the credits add up to v(N) - v(empty) = r - 1
         assert abs(sum(estimate.values.values()) - (episode.team_reward() - 1.0)) < 1e-9
+
+
+def test_leave_one_out_replay_credit_is_v_everyone_minus_v_without_the_agent_from_the_exact_engine():
+    """credit.method difference plays n replays per episode and gives each agent v(N) - v(N minus it),
+    the same coalition values the exact Shapley engine replays for those coalitions (common random
+    numbers: a replay's samples depend only on who sees what), with random, hence noisy, agents."""
+    from marl.credit.coalitions import coalitions_needed
+    from marl.credit.replay import EpisodeReplays, episode_credits, fill_values, shared_memos
+    from marl.scenario.spec import CreditSpec
+
+    scenario = load_scenario("relay")
+    expert = get_policy("expert", scenario)
+    def sloppy(salt):  # the expert's answer, or one off, decided by what it sees: replayable anywhere
+        def policy(agent, observation, task):
+            answer = expert(agent, observation, task)
+            wrong = zlib.crc32(f"{salt}|{observation}".encode()) % 3 == 0 and answer.isdigit()
+            return str(int(answer) + 1) if wrong else answer
+        return policy
+
+    actors = {"left": ScriptedActor("left", sloppy(1)), "right": ScriptedActor("right", expert),
+              "final": ScriptedActor("final", sloppy(7))}
+    player = EpisodePlayer(scenario, actors, {a: a for a in actors}, default_policy=expert)
+    episodes = player.play([EpisodeJob(task, i) for i, task in enumerate(scenario.tasks()[:12])]).episodes
+    difference = episode_credits(player, episodes, CreditSpec(method="difference", absent="default_policy"))
+    shapley = CreditSpec(method="shapley", estimator="exact", absent="default_policy")
+    everyone = frozenset(actors)
+    every_coalition = [c for c in coalitions_needed(shapley, tuple(actors), player.visibility) if c != everyone]
+    assert len(every_coalition) == 7  # the exact engine's 2^3 - 1 others, the empty one included
+    for episode, estimate in zip(episodes, difference):
+        replay = EpisodeReplays(episode, {everyone: episode.team_reward()}, shared_memos([episode], 1, "task")[0])
+        fill_values(player, [replay], every_coalition, shapley)
+        for agent in actors:
+            assert estimate.values[agent] == replay.values[everyone] - replay.values[everyone - {agent}]
+    assert min(e.values["final"] for e in difference) < 0.0 == max(e.values["final"] for e in difference)  # it costs
