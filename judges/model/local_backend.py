@@ -218,33 +218,37 @@ class LocalModel:
             raise RequestError(400, "invalid_request_error", "the prompt tokenised to nothing")
         return torch.tensor([ids])
 
-    def _job(self, payload: dict) -> _Job:
-        """The request checked and tokenised (a RequestError before it reaches the queue)."""
+    def _job(self, payload: dict, ids: list[int] | None = None) -> _Job:
+        """The request checked and tokenised (a RequestError before it reaches the queue); `ids`: its
+        prompt's token ids, when the caller has tokenised it already (`marl serve`, to check its length)."""
         if payload.get("model") not in (None, self.name):
             raise RequestError(404, "not_found_error", f"model {payload.get('model')!r} not found; "
                                                        f"this server serves {self.name!r}")
-        ids = self._prompt_ids(payload.get("messages"))[0].tolist()
+        if ids is None:
+            ids = self._prompt_ids(payload.get("messages"))[0].tolist()
         max_tokens, temperature, top_p = _sampling(payload)
         seed = int(checked_number(payload, "seed", 0, -2 ** 63, 2 ** 63 - 1)) if payload.get("seed") is not None else None
         bias = _logit_bias(payload, int(self.model.config.vocab_size))
         top = int(payload.get("top_logprobs") or 0) if payload.get("logprobs") else None
         return _Job(ids, max_tokens, temperature, top_p, seed, bias, top)
 
-    def chat(self, payload: dict) -> dict:
-        """One chat completion, OpenAI-shaped (a RequestError for a bad request)."""
-        answer = self.chat_many([payload])[0]
+    def chat(self, payload: dict, prompt_ids: list[int] | None = None) -> dict:
+        """One chat completion, OpenAI-shaped (a RequestError for a bad request); `prompt_ids`: the rendered
+        prompt's token ids, when the caller has them (else the payload's messages are rendered here)."""
+        answer = self.chat_many([payload], [prompt_ids])[0]
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
-    def chat_many(self, payloads: list[dict]) -> list:
+    def chat_many(self, payloads: list[dict], prompt_ids: list | None = None) -> list:
         """A completion per payload, in order, all queued at once (so they share generate calls); a bad
-        payload's entry is its RequestError, and a failure of the model is raised."""
+        payload's entry is its RequestError, and a failure of the model is raised. `prompt_ids`, where
+        given, holds each payload's prompt token ids or None (then its messages are rendered here)."""
         answers: list = [None] * len(payloads)
         jobs: list[tuple[int, _Job]] = []
         for index, payload in enumerate(payloads):
             try:
-                jobs.append((index, self._job(payload)))
+                jobs.append((index, self._job(payload, prompt_ids[index] if prompt_ids else None)))
             except RequestError as error:
                 answers[index] = error
         self.batches.run([job for _, job in jobs])

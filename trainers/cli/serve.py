@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from trainers.cli.common import UsageError, quiet_libraries
-from trainers.engine.connections import ServeLimits
+from trainers.engine.limits import ServeLimits
 from trainers.engine.server import ModelLoadError, check_port, serve
 from trainers.policy.adapters import export_merged, is_adapter_dir
 from trainers.policy.gguf import is_gguf_source, resolve_model_dir

@@ -5,8 +5,9 @@
     http.py        an OpenAI-compatible generation server (vLLM, or `marl serve --enable-lora`): token-id
                    prompts, logprobs, LoRA adapters published under versioned names, stale answers refused
     server.py      `marl serve`: the OpenAI-compatible HTTP server over a local model (chat, completions)
-    connections.py its limits (`ServeLimits`): body and header sizes, read and idle deadlines, a bounded
-                   worker pool and queue answering 503 when full
+    limits.py      its limits (`ServeLimits`, a flag each) and the file descriptors they need
+    connections.py its connections: request heads read in the accept loop, read and idle deadlines, a
+                   bounded worker pool and queue answering 503 when full, connections within ulimit -n
     serving.py     the server side of that protocol in `marl serve` (/v1/completions, load/unload adapters)
     correction.py  the sampler/trainer mismatch and its truncated importance-sampling weights (train.tis_cap)
 

@@ -26,14 +26,16 @@ Concurrent requests are batched: those that arrive while the model is busy wait,
 them all in one left-padded `generate` call (the server's `local_model.queued()` counts the waiting
 ones). The server binds 127.0.0.1 unless told otherwise.
 
-Every bound a client meets is a `ServeLimits` field and a `marl serve` flag (trainers/engine/connections.py
-also holds the threads and timeouts). Errors are OpenAI-shaped JSON, {"error": {"message", "type",
-"code"}}: 400 for a bad request (a Content-Length that is not one non-negative integer, a body that is not
-UTF-8 JSON holding an object, a field of the wrong JSON type, a prompt over --max-prompt-tokens, a
-max_tokens over --max-new-tokens: refused, never cut short), 404 for an unknown model, 408 when the request
-did not arrive within --read-timeout (a short body) or nothing came within --idle-timeout, 411 without a
-Content-Length, 413 for one over --max-body-bytes (the body is never read), 431 for headers over 64 KiB,
-503 with Retry-After when the workers, the queue or the connections are full, 500 when the model produced
+Every bound a client meets is a `ServeLimits` field and a `marl serve` flag (trainers/engine/limits.py;
+trainers/engine/connections.py holds the connections, threads and timeouts). Errors are OpenAI-shaped JSON,
+{"error": {"message", "type", "code"}}: 400 for a bad request (a Content-Length that is not one non-negative
+integer, a body that is not UTF-8 JSON holding an object, a field of the wrong JSON type, a prompt over
+--max-prompt-tokens, measured in bytes before it is tokenised and then in tokens, a max_tokens over
+--max-new-tokens: refused, never cut short), 404 for an unknown model, 408 when the request did not arrive
+within --read-timeout of its first byte or nothing came within --idle-timeout (or a connection that had
+sent nothing made room for a new one at --max-connections), 411 without a Content-Length, 413 for one over
+--max-body-bytes (the body is never read), 431 for headers over 64 KiB, 503 with Retry-After when the
+workers, the queue, the connections or a client's own connections are full, 500 when the model produced
 logprobs that are not numbers (answers are strict JSON, and so must requests be: never NaN or Infinity).
 
 The address is checked before anything is loaded: a port outside 0-65535 is one line and exit 2, and
@@ -53,8 +55,8 @@ from pathlib import Path
 
 from common.chat import render_chat
 from judges.model.local_backend import LocalModel, RequestError
-from trainers.engine.connections import (LINGER_S, MAX_HEADER_BYTES, BoundedHTTPServer, DeadlineReader,
-                                         ServeLimits, error_body, linger)
+from trainers.engine.connections import LINGER_S, BoundedHTTPServer, error_body, linger
+from trainers.engine.limits import ServeLimits
 from trainers.engine.serving import CompletionService, cap_error, check_lengths
 
 ROUTES = {"chat/completions": "chat", "completions": "complete", "load_lora_adapter": "load_adapter",
@@ -119,9 +121,11 @@ def parse_body(data: bytes) -> dict:
     return payload
 
 
-def check_chat(payload: dict, local: LocalModel, service: CompletionService) -> None:
+def check_chat(payload: dict, local: LocalModel, service: CompletionService) -> list[int] | None:
     """The server's own checks of a chat request, before the model's: JSON types, no streaming, one
-    choice, max_tokens within the server's cap, and the rendered prompt within its token bounds."""
+    choice, max_tokens within the server's cap, and the rendered prompt within its bounds (in bytes
+    before it is tokenised, then in tokens). The prompt's token ids, for the model to use as they are;
+    None where the model's own checks answer (an unknown model, malformed messages, an empty prompt)."""
     for name, kind in CHAT_TYPES.items():
         value = payload.get(name)
         if value is not None and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
@@ -137,15 +141,17 @@ def check_chat(payload: dict, local: LocalModel, service: CompletionService) -> 
     messages = payload.get("messages")
     if payload.get("model") not in (None, local.name) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
-        return  # the model's own 404 or 400 says what is wrong
+        return None  # the model's own 404 or 400 says what is wrong
     try:
         text = render_chat(local.tokenizer, messages)
     except Exception as error:  # noqa: BLE001 - a chat template raises what it likes for a bad conversation
         raise _bad(f"the messages cannot be rendered by the model's chat template "
                    f"({type(error).__name__}: {error})") from None
-    prompt_tokens = len(local.tokenizer(text, add_special_tokens=False)["input_ids"])
+    service.check_text(text)
+    ids = local.tokenizer(text, add_special_tokens=False)["input_ids"]
     asked = int(max_tokens) if max_tokens is not None and max_tokens >= 1 else 16  # 16: the model's default
-    check_lengths(prompt_tokens, asked, key, service)
+    check_lengths(len(ids), asked, key, service)
+    return ids or None
 
 
 def _handler(holder: dict, limits: ServeLimits):
@@ -156,8 +162,8 @@ def _handler(holder: dict, limits: ServeLimits):
 
         def setup(self):
             super().setup()
-            self.rfile.close()  # replaced by a reader under one deadline and a header size bound
-            self.reader = DeadlineReader(self.connection, limits.read_timeout, MAX_HEADER_BYTES)
+            self.rfile.close()  # replaced by the head the accept loop read, then the socket under one deadline
+            self.reader = self.server.reader()
             self.rfile = io.BufferedReader(self.reader)
             self.requestline, self.request_version, self.command = "", "HTTP/1.0", None  # until parsed
             self.answered = self.unread_body = False
@@ -220,8 +226,8 @@ def _handler(holder: dict, limits: ServeLimits):
                     raise RequestError(404, "not_found_error", f"no route {self.path}")
                 payload = parse_body(self._body())
                 if route == "chat":
-                    check_chat(payload, holder["model"], holder["service"])
-                    self._send(200, holder["model"].chat(payload))
+                    ids = check_chat(payload, holder["model"], holder["service"])  # tokenised once, here
+                    self._send(200, holder["model"].chat(payload, ids))
                 elif route == "complete":
                     self._send(200, holder["service"].complete(payload))
                 else:  # vLLM answers an adapter load or unload with plain text

@@ -21,6 +21,9 @@ with the reason. A name is loaded once: loading it again is an error, as in vLLM
 The server's bounds (`marl serve --max-prompt-tokens`, `--max-new-tokens`; trainers/engine/connections.py)
 are checked here too: a prompt over the first, or a `max_tokens` over the second, is a 400 naming the
 flag (never a silently shortened answer), as is a prompt plus `max_tokens` over the model's context.
+A text prompt is measured in bytes before it is tokenised (`CompletionService.check_text`): one longer
+than --max-prompt-tokens tokens of the model's longest could spell is refused untokenised, where a 900 KB
+prompt cost a worker 1.4 s of tokenising before its 400.
 
 Concurrent completion requests are batched: whoever gets the model runs every waiting request with
 the same model and sampling settings in one `sample_completions` call (keyed rows do not depend on
@@ -67,6 +70,14 @@ def check_lengths(prompt_tokens: int, max_tokens: int, name: str, service: Compl
                    f"context of {service.context} tokens; shorten the prompt or lower {name}")
 
 
+def longest_token_bytes(tokenizer) -> int:
+    """The most bytes of (normalised) text one token of `tokenizer` spells: its longest vocabulary entry,
+    special tokens included, in UTF-8. Byte-level and sentencepiece spellings (Ġ, ▁) only overstate it. (A
+    tokenizer fusing a run of unknown characters into one <unk>, with no byte fallback, could spell more; the
+    causal LMs marl serves are byte-level or fall back to bytes.)"""
+    return max((len(token.encode("utf-8", "surrogatepass")) for token in tokenizer.get_vocab()), default=1)
+
+
 def _integer(payload: dict, name: str, default: int, low: int, high: int) -> int:
     value = payload.get(name)
     value = default if value is None else value
@@ -97,11 +108,29 @@ class CompletionService:
         self.context = getattr(local_model.model.config, "max_position_embeddings", None)  # GPT-2: n_positions
         self.max_prompt_tokens = max_prompt_tokens or self.context or FALLBACK_CONTEXT
         self.max_new_tokens = max_new_tokens
+        backend = getattr(local_model.tokenizer, "backend_tokenizer", None)  # a fast tokenizer's normaliser
+        self.normalizer = backend.normalizer if backend is not None else None
+        # a slow tokenizer's normalising is unknown: NFKC folds up to 4 bytes into 1 (U+1D400 to "A")
+        folds = 4 if backend is None else 1
+        self.prompt_bytes = self.max_prompt_tokens * longest_token_bytes(local_model.tokenizer) * folds
         self.model_dir, self.enable_lora = Path(model_dir), enable_lora
         self.adapters = None  # trainers.policy.adapters.AdapterBase, once an adapter is loaded
         self.names: dict[str, object] = {}  # loaded adapter name -> AdapterPolicy
         self.loaded_from: dict[str, str] = {}
         self.batches = BatchQueue(local_model.lock, self._execute)
+
+    def check_text(self, text: str) -> None:
+        """A 400 for a text prompt too long for max_prompt_tokens whatever it tokenises to, before it is
+        tokenised: its (normalised) UTF-8 bytes are more than that many of the model's longest tokens spell."""
+        if len(text) * 4 <= self.prompt_bytes:  # 4 bytes a character at most: fits, no need to measure
+            return
+        if self.normalizer is not None:  # what the tokenizer's model sees (NFC may fold 3 bytes into 1)
+            text = self.normalizer.normalize_str(text)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.prompt_bytes:
+            raise _bad(f"the prompt is {size} bytes, more than {self.max_prompt_tokens} tokens of this model can "
+                       f"spell (at most {self.prompt_bytes} bytes); this server takes at most "
+                       f"{self.max_prompt_tokens} tokens (marl serve --max-prompt-tokens; default the model's context)")
 
     # -- adapters -----------------------------------------------------------------------------------
 
@@ -208,6 +237,7 @@ class CompletionService:
         """The request's prompts as token-id lists (a text prompt is tokenised without special tokens)."""
         vocabulary = int(self.local.model.config.vocab_size)
         if isinstance(prompt, str):
+            self.check_text(prompt)
             prompt = [self.local.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             prompt = [prompt]

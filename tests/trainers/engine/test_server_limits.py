@@ -32,7 +32,7 @@ def micro_dir(tmp_path_factory):
 @contextlib.contextmanager
 def serving(micro_dir, **limits):
     """(port, server) of a live server with these ServeLimits, shut down afterwards."""
-    from trainers.engine.connections import ServeLimits
+    from trainers.engine.limits import ServeLimits
     from trainers.engine.server import make_http_server
 
     httpd = make_http_server(micro_dir, port=0, name="micro", limits=ServeLimits(**limits))
@@ -166,11 +166,21 @@ def test_stalled_clients_hold_no_threads_and_a_normal_request_is_still_answered(
             sock.close()
 
 
+def settled(httpd, count: int) -> None:
+    """Wait until the server has accepted `count` connections and holds none still sending its head (all
+    at a worker or queued): the accept loop takes them in its own time."""
+    for _ in range(6000):
+        if len(httpd._clients) == count and not (httpd._parked or httpd._reading):
+            return
+        time.sleep(0.01)
+
+
 def test_beyond_max_connections_a_client_gets_503_with_retry_after(micro_dir):
-    with serving(micro_dir, max_connections=8, idle_timeout=600) as (port, _):
-        held = [connect(port) for _ in range(8)]
+    with serving(micro_dir, max_connections=8, read_timeout=600) as (port, httpd):
+        held = [connect(port, head("100")) for _ in range(8)]  # at workers, waiting for bodies: none evictable
+        settled(httpd, 8)
         status, headers, body = answer(connect(port))
-        assert status == 503 and headers["Retry-After"] == "1"
+        assert status == 503 and headers["Retry-After"] == "1", body
         assert is_error(body, "server_overloaded", "8 connections", "--max-connections")
         sending = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT)  # sends before it reads:
         sending.request("POST", "/v1/completions", body=b'{"prompt": [5]}' * 1000)  # the refusal lingers for it
@@ -183,7 +193,7 @@ def test_beyond_max_connections_a_client_gets_503_with_retry_after(micro_dir):
 
 def test_with_the_workers_and_the_queue_full_a_request_gets_503_with_retry_after(micro_dir):
     with serving(micro_dir, workers=1, queue=1, read_timeout=600) as (port, _):
-        stalled = [connect(port, b"POST /v1/chat/completions HTTP/1.1\r\n") for _ in range(3)]
+        stalled = [connect(port, head("100")) for _ in range(3)]  # whole heads, then no body
         ready, _, _ = select.select(stalled, [], [], CLIENT_TIMEOUT)  # one worker, one waiting, one refused
         assert len(ready) == 1
         status, headers, body = answer(ready[0])
@@ -261,7 +271,7 @@ def test_limits_out_of_range_are_one_line_naming_the_flag(tmp_path):
     import subprocess
     import sys
 
-    from trainers.engine.connections import ServeLimits
+    from trainers.engine.limits import ServeLimits
 
     for bad in ({"workers": 0}, {"read_timeout": float("nan")}, {"max_new_tokens": 5000}, {"queue": True}):
         with pytest.raises(ValueError, match=f"--{next(iter(bad)).replace('_', '-')} "):
@@ -270,3 +280,121 @@ def test_limits_out_of_range_are_one_line_naming_the_flag(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "marl: error: --idle-timeout 0.0: seconds, more than 0 and at most 3600"
+
+
+def test_a_burst_of_clients_that_send_a_byte_or_half_a_head_holds_no_worker(micro_dir):
+    # red team: workers + queue clients sending a byte each then nothing held every worker and queue slot,
+    # each for read_timeout from when a worker took it (150 s at the defaults); heads are read in the accept loop now
+    with serving(micro_dir, workers=2, queue=2, read_timeout=600, idle_timeout=600) as (port, _):
+        threads = threading.active_count()
+        stalled = [connect(port, b"P") for _ in range(12)] + [connect(port, head("5")[:-2]) for _ in range(4)]
+        assert chat(port)[0] == 200  # at once: no 503, no wait for a read timeout
+        assert threading.active_count() == threads
+        for sock in stalled:
+            sock.close()
+
+
+def test_stalled_bodies_get_408_from_the_deadline_of_their_first_byte_and_free_their_workers(micro_dir):
+    with serving(micro_dir, workers=1, queue=1, read_timeout=0.5) as (port, _):
+        stalled = [connect(port, head("100")) for _ in range(2)]  # one at the worker, one queued behind it
+        for sock in stalled:
+            status, _, body = answer(sock)
+            assert status == 408 and is_error(body, "timeout_error", "not received within 0.5 s", "--read-timeout")
+        assert retried_chat(port) == 200
+
+
+def test_a_request_that_waited_for_a_worker_keeps_the_deadline_of_its_first_byte():
+    import io
+    from http.server import BaseHTTPRequestHandler
+
+    from trainers.engine.connections import BoundedHTTPServer
+    from trainers.engine.limits import ServeLimits
+
+    release, seen = threading.Event(), []
+
+    class Holding(BaseHTTPRequestHandler):
+        def setup(self):
+            super().setup()
+            self.rfile = io.BufferedReader(self.server.reader())
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append((time.monotonic(), self.server.reader().deadline))
+            release.wait(CLIENT_TIMEOUT)
+            self.send_response(204)
+            self.end_headers()
+
+    httpd = BoundedHTTPServer(("127.0.0.1", 0), Holding, ServeLimits(workers=1, queue=1, read_timeout=600))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        first = connect(port, b"GET / HTTP/1.0\r\n\r\n")
+        wait_until(lambda: len(seen) == 1)
+        second = connect(port, b"GET / HTTP/1.0\r\n\r\n")
+        wait_until(lambda: len(httpd._clients) == 2 and not httpd._reading and not httpd._parked)  # queued
+        queued = time.monotonic()
+        time.sleep(0.2)
+        release.set()
+        wait_until(lambda: len(seen) == 2)
+        picked_up, deadline = seen[1]
+        assert picked_up >= queued + 0.2  # it waited for the worker at least this long ...
+        assert deadline <= queued + 600  # ... and that time counts against its read timeout
+        for sock in (first, second):
+            sock.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def wait_until(condition, tries: int = 6000) -> None:
+    """Poll `condition` (the server's threads change what it reads) until it holds."""
+    for _ in range(tries):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the server never got there")
+
+
+def test_at_max_connections_the_oldest_silent_connection_makes_room(micro_dir):
+    # red team: 1000 silent connections made every new client a 503 until the idle timeout
+    with serving(micro_dir, max_connections=4, idle_timeout=600) as (port, _):
+        silent = [connect(port) for _ in range(4)]
+        assert chat(port)[0] == 200
+        status, _, body = answer(silent[0])
+        assert status == 408 and is_error(body, "timeout_error", "closed to admit a new connection",
+                                          "sent nothing", "4 connections", "--max-connections")
+        for sock in silent[1:]:  # the others are still open, unanswered
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+            sock.close()
+
+
+def test_a_client_over_max_connections_per_client_gets_503(micro_dir):
+    with serving(micro_dir, max_connections_per_client=2, idle_timeout=600) as (port, _):
+        silent = [connect(port) for _ in range(2)]
+        status, headers, body = answer(connect(port))
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert is_error(body, "server_overloaded", "127.0.0.1 holds 2 connections", "--max-connections-per-client")
+        silent[0].close()  # its place comes free once the server has seen the close
+        assert retried_chat(port) == 200
+        silent[1].close()
+
+
+def test_a_huge_prompt_is_refused_untokenised_and_a_chat_prompt_is_tokenised_once(micro_dir, monkeypatch):
+    # red team: a 900 KB prompt cost a worker 1.4 s of tokenising before its 400; chat prompts were tokenised twice
+    with serving(micro_dir) as (port, httpd):
+        kind, texts = type(httpd.local_model.tokenizer), []
+        original = kind.__call__
+
+        def counted(self, text, *args, **kwargs):
+            texts.append(text)
+            return original(self, text, *args, **kwargs)
+
+        monkeypatch.setattr(kind, "__call__", counted)
+        status, body = post(port, "/v1/completions", json.dumps({"prompt": "1" * 900_000, "max_tokens": 1}).encode())
+        assert status == 400 and is_error(body, "invalid_request_error", "the prompt is 900000 bytes",
+                                          "at most 32 tokens", "--max-prompt-tokens")
+        status, body = chat(port, "1" * 900_000)
+        assert status == 400 and is_error(body, "invalid_request_error", "the prompt is 900000 bytes")
+        assert texts == []
+        assert chat(port)[0] == 200 and texts == ["1+2="]
