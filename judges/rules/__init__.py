@@ -11,6 +11,7 @@
     sandbox_interpreter.py  which interpreter the child runs, and the major.minor check
     sandbox_pipes.py the pipes to the child and the reading of its reports
     sandbox_disk.py  the parent's watch on the run folder's disk use
+    sandbox_workdir.py  run folders, locked while they run; the sweep of those a killed parent left
 
 May import: common (imports), judges' top (types, strict_json).
 """

@@ -1,18 +1,23 @@
 """Run untrusted Python in a contained subprocess (the code-tests verifier's engine).
 
 `run_python(code)` runs `code` with `python -I -S -B` (no site-packages, no PYTHON* variables, no
-bytecode) in a fresh temporary directory, deleted afterwards. The barriers, outermost first (the
-child's bootstrap, judges/rules/sandbox_child.py, installs the in-process ones before the code's first line):
+bytecode) in a fresh temporary directory, deleted afterwards (locked while the run lasts: a folder a
+killed parent left is swept by the next run, judges/rules/sandbox_workdir.py). The barriers, outermost
+first (the child's bootstrap, judges/rules/sandbox_child.py, installs the in-process ones before the
+code's first line):
 
 - Launch: a fresh environment (PATH, LANG, LC_ALL, HOME, TMPDIR); an empty network namespace where
-  `unshare --net` works; as root, a random uid/gid of its own through `setpriv` (no groups,
-  no-new-privs; keeping only CAP_DAC_READ_SEARCH if the interpreter is unreadable to other users).
+  `unshare --net` works; a PID namespace of its own where `unshare --pid --fork` works (the child is
+  its pid 1 and sees no other process: no pids, sessions or groups to probe); as root, a random
+  uid/gid of its own through `setpriv` (no groups, no-new-privs; keeping only CAP_DAC_READ_SEARCH if
+  the interpreter is unreadable to other users).
   The child names the Python that runs (judges/rules/sandbox_interpreter.py, `result.interpreter`);
   a major.minor other than ours raises SandboxError before any code is read.
 - Resource limits (kernel): RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE per file, RLIMIT_NOFILE, RLIMIT_NPROC,
-  no core dumps; and from the parent a wall-clock deadline (SIGKILL to the process group and every
-  process of the run's uid), a disk budget (DISK_BUDGET_BYTES, DISK_ENTRIES) and `output_limit`
-  bytes each of stdout and stderr (`truncated`).
+  no core dumps; and from the parent a wall-clock deadline (SIGKILL to the process group but unshare,
+  which reaps the child and exits, to its children, and to every process of the run's uid), a disk
+  budget (DISK_BUDGET_BYTES, DISK_ENTRIES) and `output_limit` bytes each of stdout and stderr
+  (`truncated`).
 - Landlock (kernel): files can be read only in the standard library (of its extension modules only
   sandbox_layers.EXTENSION_MODULES: no subinterpreter, ctypes or test module can be loaded under any
   name), the shared libraries it loads and a few devices, and read or written only inside the run's
@@ -56,7 +61,9 @@ from judges.rules.sandbox_layers import LAYER_NAMES, REPORTED_LAYERS, child_laye
 from judges.rules.sandbox_disk import DISK_BUDGET_BYTES, DISK_ENTRIES  # noqa: F401 (re-exported: the budget)
 from judges.rules.sandbox_disk import DiskWatch as _DiskWatch
 from judges.rules.sandbox_disk import processes_of as _processes_of
+from judges.rules.sandbox_disk import run_pids as _run_pids
 from judges.rules.sandbox_pipes import Capture as _Capture, ControlReport, Pipes as _Pipes, read_control
+from judges.rules.sandbox_workdir import SANDBOX_UIDS, remove_tree as _remove_tree, run_folder as _run_folder
 from judges.types import ScorerError
 
 SANDBOX_STATUSES = ("ok", "error", "timeout", "memory", "killed", "blocked")
@@ -69,8 +76,8 @@ FILE_LIMIT_BYTES = 8 * 2**20  # RLIMIT_FSIZE: per file, kernel-enforced
 WRITE_OPENS = 32  # the audit hook's budget of files opened for writing (a diagnostic: DISK_BUDGET_BYTES holds)
 MAX_OPEN_FILES = 64  # RLIMIT_NOFILE: open at once, kernel-enforced
 MAX_TASKS = 8  # processes + threads of the sandbox uid (threads count against RLIMIT_NPROC)
-_WORKDIR_PREFIX = "marl_sbx_"
 
+_UNSHARE_SIGKILL = "unshare: sigprocmask unblock failed: Invalid argument\n"  # see _child_status
 _BOOTSTRAP = (Path(__file__).with_name("sandbox_child.py")).read_text(encoding="utf-8")
 
 
@@ -84,10 +91,10 @@ class SandboxResult:
     limit), memory (MemoryError), killed (another signal), blocked (a refused action, named by
     `blocked`). stdout/stderr: decoded, capped (`truncated`: output was discarded). seconds: wall time.
     layers: the kernel-enforced barriers the child confirmed (of REPORTED_LAYERS: "landlock",
-    "seccomp", "netns", "rlimits", "uid"). diagnostics: the Python-level checks that were on ("audit"),
-    never counted as isolation. interpreter: the Python that ran (its path and full version).
-    channel: the bytes the run wrote to file descriptor CHANNEL_FD (only with `channel=True`; capped
-    like stdout)."""
+    "seccomp", "netns", "pidns", "rlimits", "uid"). diagnostics: the Python-level checks that were on
+    ("audit"), never counted as isolation. interpreter: the Python that ran (its path and full
+    version). channel: the bytes the run wrote to file descriptor CHANNEL_FD (only with
+    `channel=True`; capped like stdout)."""
 
     status: str
     returncode: int | None
@@ -111,19 +118,28 @@ class Isolation:
     kernel_layers: tuple[str, ...] = ()  # of LAYER_NAMES, those this kernel and this install support
     unavailable: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be used here
     interpreter: Interpreter | None = None  # what the launch runs (None: it could not be started)
+    pid_namespace: bool = False  # the child is pid 1 of a PID namespace of its own (`unshare --pid --fork`)
 
     @property
     def layers(self) -> tuple[str, ...]:
         """The layers a run is expected to report here (in REPORTED_LAYERS' order)."""
         found = set(self.kernel_layers) | {"rlimits"} | ({"netns"} if self.network_namespace else set())
-        found |= {"uid"} if self.drop_privileges else set()
+        found |= ({"pidns"} if self.pid_namespace else set()) | ({"uid"} if self.drop_privileges else set())
         return tuple(name for name in REPORTED_LAYERS if name in found)
 
     def prefix(self, uid: int) -> list[str]:
-        """The launcher commands that go before the interpreter."""
+        """The launcher commands that go before the interpreter. With a PID namespace, unshare forks:
+        the interpreter is its child (pid 1 inside) in the process group of unshare (the launched
+        process), where the deadline finds it (or, gone with setsid, as unshare's child) and kills it,
+        leaving unshare to reap it and exit; as the namespace's init, its death takes any other
+        process of the namespace with it."""
         argv = []
-        if self.network_namespace:
-            argv += [shutil.which("unshare") or "unshare", "--net"] + ([] if os.geteuid() == 0 else ["-r"]) + ["--"]
+        if self.pid_namespace:  # unshare re-raises its child's fatal signal on itself: no core file of it
+            argv += [shutil.which("prlimit") or "prlimit", "--core=0", "--"]
+        if self.network_namespace or self.pid_namespace:
+            argv += [shutil.which("unshare") or "unshare"] + (["--net"] if self.network_namespace else [])
+            argv += ["--pid", "--fork", "--kill-child"] if self.pid_namespace else []
+            argv += ([] if os.geteuid() == 0 else ["-r"]) + ["--"]
         if self.drop_privileges:
             argv += [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--no-new-privs"]
@@ -140,17 +156,15 @@ _ISOLATION_LOCK = threading.Lock()
 
 def _probe(prefix: list[str], uid: int) -> Interpreter | None:
     """The interpreter that a launch with `prefix` runs, or None when it does not start."""
-    workdir = tempfile.mkdtemp(prefix=_WORKDIR_PREFIX)
     try:
-        if uid >= 0:
-            os.chown(workdir, uid, uid)
-        argv = prefix + [sys.executable, "-I", "-S", "-B", "-c", interpreters.PROBE_CODE]
-        done = subprocess.run(argv, cwd=workdir, env=_child_env(workdir), capture_output=True, timeout=20)
-        return interpreters.parse(done.stdout.decode("utf-8", "replace")) if done.returncode == 0 else None
+        with _run_folder() as workdir:
+            if uid >= 0:
+                os.chown(workdir, uid, uid)
+            argv = prefix + [sys.executable, "-I", "-S", "-B", "-c", interpreters.PROBE_CODE]
+            done = subprocess.run(argv, cwd=workdir, env=_child_env(workdir), capture_output=True, timeout=20)
+            return interpreters.parse(done.stdout.decode("utf-8", "replace")) if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _works(prefix: list[str], uid: int) -> bool:
@@ -166,14 +180,17 @@ def isolation() -> Isolation:
     global _ISOLATION
     with _ISOLATION_LOCK:
         if _ISOLATION is None:
-            root, uid = os.geteuid() == 0, _pick_uid()
-            netns = bool(shutil.which("unshare")) and _works(Isolation(True, "").prefix(uid), -1)
+            root, uid, unshare = os.geteuid() == 0, _pick_uid(), bool(shutil.which("unshare"))
+            netns = unshare and _works(Isolation(True, "").prefix(uid), -1)
+            pidns = unshare and bool(shutil.which("prlimit")) and _works(
+                Isolation(netns, "", pid_namespace=True).prefix(uid), -1)
             levels = ("uid", "uid+read") if root and shutil.which("setpriv") else ()
-            drop = next((level for level in levels if _works(Isolation(netns, level).prefix(uid), uid)), "")
+            drop = next((level for level in levels
+                         if _works(Isolation(netns, level, pid_namespace=pidns).prefix(uid), uid)), "")
             unavailable = child_layer_config(())[1]
             kernel = tuple(name for name in LAYER_NAMES if name not in unavailable)
-            found = _probe(Isolation(netns, drop).prefix(uid), uid if drop else -1)
-            _ISOLATION = Isolation(netns, drop, kernel, unavailable, found)
+            found = _probe(Isolation(netns, drop, pid_namespace=pidns).prefix(uid), uid if drop else -1)
+            _ISOLATION = Isolation(netns, drop, kernel, unavailable, found, pidns)
         return _ISOLATION
 
 
@@ -181,7 +198,7 @@ def describe() -> str:
     """One line naming the kernel layers this machine gives sandboxed code, the diagnostics and the
     interpreter (for run logs and reports)."""
     setup = isolation()
-    words = {"netns": "network namespace", "uid": f"own uid ({setup.drop_privileges})"}
+    words = {"netns": "network namespace", "pidns": "pid namespace", "uid": f"own uid ({setup.drop_privileges})"}
     parts = [words.get(name, name) for name in setup.layers]
     missing = "; ".join(f"{name} unavailable: {why}" for name, why in setup.unavailable.items())
     ran = f"; interpreter: {setup.interpreter}" if setup.interpreter else "; interpreter: does not start"
@@ -190,17 +207,22 @@ def describe() -> str:
 
 
 def _pick_uid() -> int:
-    return 1_900_000_000 + secrets.randbelow(50_000_000)
+    return SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS))
 
 
 def _child_env(workdir: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
 
 
-def _kill(pgid: int | None, uid: int | None = None) -> None:
+def _kill(pgid: int | None, uid: int | None = None, spare_leader: bool = False) -> None:
     """SIGKILL the process group (of an unreaped child, so the id is not reused) and every process of
-    the run's dedicated uid (nothing else has it)."""
-    for pid in ([-pgid] if pgid and pgid > 0 else []) + list(_processes_of(uid) if uid is not None else ()):
+    the run's dedicated uid (nothing else has it). spare_leader: all of the group but its leader, the
+    launcher (unshare, with a PID namespace): it reaps the interpreter, its child, then exits itself;
+    killed too, it would leave the interpreter's zombie to whatever process adopts it."""
+    pids = list(_processes_of(uid)) if uid is not None else []
+    if pgid and pgid > 0:  # the group, and the leader's children (one may have left it with setsid)
+        pids += [pid for pid in _run_pids(pgid, None) if pid != pgid] + ([] if spare_leader else [-pgid])
+    for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
@@ -229,18 +251,20 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch):
-    """Drain output until the child exits or the deadline passes; returns (timed_out, rusage)."""
+def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid: int | None, disk: _DiskWatch,
+               spare_leader: bool = False):
+    """Drain output until the child exits or the deadline passes; returns (timed_out, rusage).
+    spare_leader: stop the run without killing the launcher (see _kill), which then exits."""
     deadline = time.monotonic() + timeout_s
     timed_out, exited_at, give_up = False, None, None
     while True:
         now = time.monotonic()
         if not timed_out and now >= deadline:
             timed_out, give_up = True, now + 5.0
-            _kill(proc.pid, uid)
+            _kill(proc.pid, uid, spare_leader)
         if exited_at is None and disk.check():
             give_up = now + 5.0
-            _kill(proc.pid, uid)
+            _kill(proc.pid, uid, spare_leader)
         if capture.open:
             capture.pump(min(0.05, max(deadline - now, 0.0)) if not timed_out else 0.05)
         else:
@@ -258,6 +282,17 @@ def _supervise(proc: subprocess.Popen, capture: _Capture, timeout_s: float, uid:
     except ChildProcessError:
         usage = None
     return timed_out, usage
+
+
+def _child_status(returncode: int | None, pid_namespace: bool, stopped: bool, cpu_spent: bool) -> int | None:
+    """The interpreter's exit status. With a PID namespace the launched process is unshare, which
+    exits with its child's status and re-raises its child's fatal signal on itself, except SIGKILL,
+    which cannot be raised that way: util-linux then exits 1 ("sigprocmask unblock failed"). A SIGKILL
+    is told apart when the parent sent it (`stopped`: the deadline, the disk budget) or the kernel did
+    at the CPU limit (`cpu_spent`); another one (the OOM killer's) reads as exit status 1, an "error"."""
+    if pid_namespace and returncode == 1 and (stopped or cpu_spent):
+        return -signal.SIGKILL
+    return returncode
 
 
 def _classify(returncode: int | None, timed_out: bool, cpu_used: float, cpu_s: float, stderr: str,
@@ -297,7 +332,15 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
     require = () if _unconfined_allowed(allow_unconfined) else LAYER_NAMES
     _refuse_unconfined({name: why for name, why in setup.unavailable.items() if name in require})
     uid = _pick_uid() if setup.drop_privileges else None
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
+    with _run_folder() as workdir:  # locked while it runs; a dead parent's folder is swept by the next run
+        return _run_in(workdir, setup, code, stdin, timeout_s, cpu_s, memory_mb, output_limit, files, channel,
+                       require, uid, audit_hook)
+
+
+def _run_in(workdir: str, setup: Isolation, code: str, stdin: str, timeout_s: float, cpu_s: float,
+            memory_mb: int, output_limit: int, files: dict[str, str] | None, channel: bool,
+            require: tuple[str, ...], uid: int | None, audit_hook: bool) -> SandboxResult:
+    """run_python's run, in its locked folder `workdir`."""
     started, proc, capture, pipes = time.monotonic(), None, None, _Pipes(channel)
     try:
         _write_files(workdir, code, files, -1 if uid is None else uid)
@@ -308,23 +351,33 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, cpu_s: flo
         pipes.close_child_ends()
         capture = _Capture(proc, output_limit, pipes.control_r, pipes.channel_r)
         disk = _DiskWatch(workdir, proc.pid, uid)  # start_new_session: its process group is its pid
-        timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk)
+        timed_out, usage = _supervise(proc, capture, timeout_s, uid, disk, setup.pid_namespace)
         disk.check(final=True)  # what it wrote between the last measure and its exit counts too
-        cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
-        report = read_control(capture.text("control"))
-        stderr = capture.text("stderr")
-        _refuse_bootstrap_failure(report, proc.returncode, timed_out or disk.exceeded, stderr)
-        status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, report.blocked)
-        if disk.exceeded:
-            status, blocked = "blocked", DISK_BLOCK
-        return SandboxResult(status, proc.returncode, capture.text("stdout"), stderr, capture.truncated,
-                             time.monotonic() - started, blocked, report.layers,
-                             bytes(capture.data.get("channel", b"")), report.diagnostics, report.interpreter)
+        return _result(proc, capture, setup.pid_namespace, timed_out, disk.exceeded, usage, cpu_s, started)
     except OSError as error:  # the sandbox's own failure (writing the run's files, measuring its disk use)
         raise SandboxError(f"the sandbox failed: {error}") from error
     finally:
         _cleanup(proc, capture, uid, workdir)
         pipes.close()
+
+
+def _result(proc: subprocess.Popen, capture: _Capture, pid_namespace: bool, timed_out: bool, exceeded: bool,
+            usage, cpu_s: float, started: float) -> SandboxResult:
+    """What the run did: its exit status (the interpreter's, see _child_status), the CPU it used, its
+    output and the bootstrap's reports; SandboxError when it failed for the sandbox's own reasons."""
+    cpu_used = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
+    launcher_status, stderr = proc.returncode, capture.text("stderr")
+    proc.returncode = _child_status(launcher_status, pid_namespace, timed_out or exceeded, cpu_used >= cpu_s - 0.05)
+    if launcher_status != proc.returncode:  # unshare's own line about it is not the candidate's output
+        stderr = stderr.removesuffix(_UNSHARE_SIGKILL)
+    report = read_control(capture.text("control"))
+    _refuse_bootstrap_failure(report, proc.returncode, timed_out or exceeded, stderr)
+    status, blocked = _classify(proc.returncode, timed_out, cpu_used, cpu_s, stderr, report.blocked)
+    if exceeded:
+        status, blocked = "blocked", DISK_BLOCK
+    return SandboxResult(status, proc.returncode, capture.text("stdout"), stderr, capture.truncated,
+                         time.monotonic() - started, blocked, report.layers,
+                         bytes(capture.data.get("channel", b"")), report.diagnostics, report.interpreter)
 
 
 def _child_config(require: tuple[str, ...], workdir: str, uid: int | None, cpu_s: float, memory_mb: int,
@@ -335,13 +388,15 @@ def _child_config(require: tuple[str, ...], workdir: str, uid: int | None, cpu_s
     nproc = MAX_TASKS if uid is not None else (-1 if root else sum(_processes_of(os.getuid()).values()) + MAX_TASKS)
     limits = {"cpu": int(-(-cpu_s // 1)), "memory": memory_mb * 2**20, "fsize": FILE_LIMIT_BYTES,
               "nofile": MAX_OPEN_FILES, "nproc": nproc, "write_opens": WRITE_OPENS}
-    try:
-        host_netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError:  # no /proc: the child cannot tell either, and claims no namespace
-        host_netns = -1
+    host = {}
+    for kind in ("net", "pid"):
+        try:
+            host[f"host_{kind}ns"] = os.stat(f"/proc/self/ns/{kind}").st_ino
+        except OSError:  # no /proc: the child cannot tell either, and claims no namespace
+            host[f"host_{kind}ns"] = -1
     return dict(child_layer_config(require)[0], root=workdir, limits=limits, control_fd=pipes.control_w,
                 channel_fd=pipes.channel_w, audit_hook=bool(audit_hook), python=list(sys.version_info[:2]),
-                host_netns=host_netns, host_uid=os.geteuid())
+                host_uid=os.geteuid(), **host)
 
 
 def _refuse_bootstrap_failure(report: ControlReport, returncode: int | None, stopped: bool, stderr: str) -> None:
@@ -408,15 +463,3 @@ def _cleanup(proc: subprocess.Popen | None, capture: _Capture | None, uid: int |
     if uid is not None:
         _kill(None, uid)
     _remove_tree(workdir)
-
-
-def _remove_tree(workdir: str) -> None:
-    """Deletes the run's directory, however deep or locked the code left it: shutil.rmtree recurses
-    (a tree thousands deep raises RecursionError), so chmod and rm, which walk it iteratively, finish."""
-    with contextlib.suppress(RecursionError):
-        shutil.rmtree(workdir, ignore_errors=True)
-    if os.path.lexists(workdir):  # too deep, or (not root) permissions removed inside
-        for command in (["chmod", "-R", "u+rwx", "--", workdir], ["rm", "-rf", "--", workdir]):
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(command, capture_output=True, timeout=120)
-

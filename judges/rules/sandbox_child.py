@@ -6,7 +6,7 @@ defines the constants below, which the parent shares to read the child's reports
 1. Reports which interpreter this is (path, full version, prefix), and stops when its major.minor
    is not the parent's (MISMATCH_EXIT), before any candidate code is read.
 2. Resource limits (CPU, address space, file size, open files, processes; no core dumps).
-3. Reads and deletes main.py, compiles it (so the candidate never sees its own source file).
+3. Reads and deletes main.py (so the candidate never sees its own source file).
 4. Kernel layers, which no code in the process can lift afterwards, native code included:
    - Landlock (file system): reading only the standard library (of its extension modules only
      sandbox_layers.EXTENSION_MODULES), the shared libraries it loads and a few devices; reading and
@@ -17,13 +17,14 @@ defines the constants below, which the parent shares to read the child's reports
      (fork, vfork, clone without CLONE_THREAD, execve), sockets, signals, tracing, namespaces,
      mounts, io_uring, BPF, kernel keys and file handles end the process (SIGSYS).
    A layer the parent requires and the kernel refuses ends the run before the candidate's first line.
-5. The audit hook (a diagnostic, not a layer: CPython's hooks are no security boundary, and a
+5. Compiles the source (the parser meets the candidate's bytes under the kernel layers).
+6. The audit hook (a diagnostic, not a layer: CPython's hooks are no security boundary, and a
    subinterpreter or native code runs without them) with precise messages, and the frame lock-down.
-6. Runs the candidate's code as __main__.
+7. Runs the candidate's code as __main__.
 
 Reports go to the control pipe (fd CONTROL_FD), one line each, the first three before the code runs:
 `interpreter <json>`, then `layers <names>` (the kernel-enforced ones, each confirmed from inside:
-landlock, seccomp, netns, rlimits, uid) or `unconfined <layer>: <why>` when a required layer failed,
+landlock, seccomp, netns, pidns, rlimits, uid) or `unconfined <layer>: <why>` when a required layer failed,
 then `diagnostics <names>` ("audit" when the hook is on); later `blocked <reason>` when the hook
 refuses an action. The parent accepts only reasons from BLOCK_REASONS, so a candidate that writes to
 the pipe can make its own run fail, never put words of its choosing in a report.
@@ -77,8 +78,10 @@ def _sandbox(argv):
     with open("main.py", "rb") as handle:
         source = handle.read()
     os.remove("main.py")
-    code = compile(source, "main.py", "exec")
     _lock_down(config, root, launched, report, sys, os)
+    # The parser is the first code to handle the candidate's bytes: it runs under the kernel layers,
+    # and a program that does not compile still reports them.
+    code = compile(source, "main.py", "exec")
     if config["audit_hook"]:
         _install_audit_hook(root, limits["write_opens"], report, _signal, os, posix, sys)
     main = type(sys)("__main__")
@@ -129,14 +132,17 @@ def _interpreter(sys, os):
 
 
 def _launch_layers(config, limits, resource, os):
-    """The layers the launch gave this process, each checked from inside: a network namespace other
-    than the parent's, every resource limit in place, a uid that is neither root nor the parent's."""
+    """The layers the launch gave this process, each checked from inside: a network and a PID
+    namespace other than the parent's (in the latter, this process is pid 1 and its parent is
+    outside, pid 0), every resource limit in place, a uid that is neither root nor the parent's."""
     found = []
-    try:  # the parent sends -1 when it could not read its own (then no namespace is claimed)
-        if config["host_netns"] >= 0 and os.stat("/proc/self/ns/net").st_ino != config["host_netns"]:
-            found.append("netns")
-    except OSError:
-        pass
+    for kind, extra in (("net", True), ("pid", os.getpid() == 1 and os.getppid() == 0)):
+        try:  # the parent sends -1 when it could not read its own (then no namespace is claimed)
+            host = config["host_" + kind + "ns"]
+            if host >= 0 and extra and os.stat("/proc/self/ns/" + kind).st_ino != host:
+                found.append(kind + "ns")
+        except OSError:
+            pass
     checks = [(resource.RLIMIT_CPU, limits["cpu"] + 1), (resource.RLIMIT_AS, limits["memory"]),
               (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_NOFILE, limits["nofile"])]
     checks += [(resource.RLIMIT_NPROC, limits["nproc"])] if limits["nproc"] >= 0 else []
@@ -149,6 +155,10 @@ def _launch_layers(config, limits, resource, os):
 
 
 def _set_limits(resource, limits):
+    # CPU: SIGXCPU at the soft limit; the kernel's SIGKILL a second later, at the hard one, is what
+    # ends a PID namespace's init (this process, with one), which ignores default-action signals. The
+    # parent tells that SIGKILL apart by the CPU time spent, which the second's margin keeps clear of
+    # the tick sampling the kernel's limit uses.
     for limit, soft, hard in ((resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_CPU, limits["cpu"], limits["cpu"] + 1),
                               (resource.RLIMIT_AS, limits["memory"], limits["memory"]),
                               (resource.RLIMIT_FSIZE, limits["fsize"], limits["fsize"]),

@@ -37,11 +37,12 @@ def processes_of(uid: int) -> dict[int, int]:
 
 class DiskWatch:
     """Measures what the run itself has written: the blocks allocated under its own directory, the
-    only place Landlock lets it write, and the files its processes hold open that no directory shows
-    (written then unlinked, O_TMPFILE, sqlite's temp files: `find` cannot see them, their blocks stay
-    taken until closed). Native code can make files without the audit hook's write budget, so a run
-    past DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file system's free
-    space is not the measure: another process filling the same disk is not the run's doing."""
+    only place Landlock lets it write, and the files its processes hold open or memory-mapped that no
+    directory shows (written then unlinked, O_TMPFILE, sqlite's temp files, a file mapped MAP_SHARED
+    then closed and unlinked: `find` cannot see them, their blocks stay taken until closed or
+    unmapped). Native code can make files without the audit hook's write budget, so a run past
+    DISK_BUDGET_BYTES (or DISK_ENTRIES files and folders) is stopped. The file system's free space is
+    not the measure: another process filling the same disk is not the run's doing."""
 
     def __init__(self, workdir: str, pgid: int | None = None, uid: int | None = None):
         self.workdir, self.pgid, self.uid = workdir, pgid, uid
@@ -50,7 +51,7 @@ class DiskWatch:
     def usage(self) -> tuple[int, int]:
         """(bytes allocated, entries): the run directory's (`find`) and its processes' unlinked open files."""
         size, entries = self._tree_usage()
-        held, files = unlinked_open_files(run_pids(self.pgid, self.uid))
+        held, files = unlinked_open_files(run_pids(self.pgid, self.uid), self.workdir)
         return size + held, entries + files
 
     def _tree_usage(self) -> tuple[int, int]:
@@ -86,22 +87,25 @@ class DiskWatch:
 
 
 def run_pids(pgid: int | None, uid: int | None) -> set[int]:
-    """The run's processes: those of its process group (the session it was started in) and of its
-    dedicated uid."""
+    """The run's processes: those of its process group (the session it was started in), the children
+    of the group's leader (with a PID namespace the leader is unshare, and the interpreter, not a group
+    leader there, may leave the group with setsid), and those of its dedicated uid."""
     pids = set(processes_of(uid)) if uid is not None else set()
     for entry in filter(str.isdigit, os.listdir("/proc")) if pgid else ():
         with contextlib.suppress(OSError, ValueError, IndexError):
             with open(f"/proc/{entry}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
-            if int(fields[2]) == pgid:
+            if int(fields[2]) == pgid or int(fields[1]) == pgid:
                 pids.add(int(entry))
     return pids
 
 
-def unlinked_open_files(pids: set[int]) -> tuple[int, int]:
-    """(bytes allocated, count) of the regular files that `pids` hold open with no name left (nlink
-    0), each counted once. Files with a name are under the run directory, measured there. The parent
-    is root or the run's own user, so /proc/<pid>/fd is readable; a process gone meanwhile is skipped."""
+def unlinked_open_files(pids: set[int], workdir: str | None = None) -> tuple[int, int]:
+    """(bytes allocated, count) of the regular files that `pids` hold with no name left (nlink 0),
+    open or memory-mapped, each counted once by (device, inode). Files with a name are under the run
+    directory, measured there. The parent is root or the run's own user, so /proc/<pid>/fd and
+    /proc/<pid>/maps are readable; a process gone meanwhile is skipped. Mapped files are looked for
+    only when `workdir` is given (the only place the run can make one)."""
     seen: dict[tuple[int, int], int] = {}
     for pid in pids:
         try:
@@ -113,4 +117,52 @@ def unlinked_open_files(pids: set[int]) -> tuple[int, int]:
                 info = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, named or not
                 if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
                     seen[info.st_dev, info.st_ino] = info.st_blocks * 512
+        if workdir is not None:
+            for key, size in unlinked_mappings(pid, workdir).items():
+                seen[key] = max(seen.get(key, 0), size)
     return sum(seen.values()), len(seen)
+
+
+def unlinked_mappings(pid: int, workdir: str) -> dict[tuple[int, int], int]:
+    """(device, inode) -> bytes of the files `pid` has memory-mapped and unlinked: written, mapped
+    (MAP_SHARED keeps the file), closed and unlinked, such a file has neither a name nor a descriptor.
+    Each "(deleted)" line of /proc/<pid>/maps whose file lay in the run's directory or its file system
+    is one (so shared anonymous memory, "/dev/zero (deleted)", which RLIMIT_AS bounds, is not). Its
+    size is the file's allocated blocks, stat'ed through /proc/<pid>/map_files (root only: the
+    kernel asks for CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE); where that cannot be read, the end of
+    its furthest mapping (offset + length), an upper bound of what the mappings reach."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            lines = handle.read().decode("utf-8", "surrogateescape").splitlines()
+        run_device = os.stat(workdir).st_dev
+    except OSError:
+        return {}
+    inside, found = workdir.rstrip("/") + "/", {}
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].endswith(" (deleted)") or fields[4] == "0":
+            continue
+        span, offset, (major, minor) = fields[0], int(fields[2], 16), fields[3].split(":")
+        key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+        if not fields[5].startswith(inside) and key[0] != run_device:
+            continue
+        start, end = (int(part, 16) for part in span.split("-"))
+        size = _mapped_file_blocks(pid, span, key)
+        if size != 0:
+            found[key] = max(found.get(key, 0), offset + end - start if size is None else size)
+    return found
+
+
+def _mapped_file_blocks(pid: int, span: str, key: tuple[int, int]) -> int | None:
+    """The bytes allocated to the file mapped at `span`: None where map_files is unreadable (the
+    caller falls back on the mapping's extent), 0 where the range is unmapped by now or maps another
+    file (the maps line is stale) or a file that still has a name (counted under the run directory)."""
+    try:
+        info = os.stat(f"/proc/{pid}/map_files/{span}")
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
+    if (info.st_dev, info.st_ino) != key or not stat.S_ISREG(info.st_mode) or info.st_nlink != 0:
+        return 0
+    return info.st_blocks * 512

@@ -53,8 +53,8 @@ CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into a terminal
 LAYER_NAMES = ("landlock", "seccomp")  # the layers a run requires (installed by the child itself)
 # What a run's `layers` may name, each confirmed by the child from inside: the two above, its network
-# namespace, its resource limits and its own uid. The audit hook is not among them (a diagnostic).
-REPORTED_LAYERS = LAYER_NAMES + ("netns", "rlimits", "uid")
+# and PID namespaces, its resource limits and its own uid. The audit hook is not among them (a diagnostic).
+REPORTED_LAYERS = LAYER_NAMES + ("netns", "pidns", "rlimits", "uid")
 # The extension modules (lib-dynload files) that Landlock lets the child read once it is locked down.
 # Computation, data formats and codecs, none giving a capability that plain Python lacks; and the few
 # whose every effect the kernel layers refuse anyway (a socket, a fork, a terminal ioctl: seccomp),

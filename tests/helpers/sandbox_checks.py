@@ -8,31 +8,32 @@ import os
 import pytest
 
 import judges.rules.sandbox as sandbox
+import judges.rules.sandbox_workdir as workdirs
 
 
 @pytest.fixture(autouse=True)
 def contained(monkeypatch):
-    """Records the sandbox's temporary directories and uids; afterwards no directory may remain, nor any
-    process of ours: no descendant the test started, and no process running under a uid one of this
-    test's runs used (an escaped, re-parented child). Other programs' sandboxes on the machine are not
-    ours to count, nor the helpers an earlier test of this process left running on purpose (a pytest-xdist
-    worker runs many test files: wandb's service process, a Ray driver's)."""
-    made, uids, original_mkdtemp, original_pick = [], [], sandbox.tempfile.mkdtemp, sandbox._pick_uid
+    """Records the sandbox's temporary directories and uids; afterwards no directory (nor its lock file)
+    may remain, nor any process of ours: no descendant the test started, and no process running under a
+    uid one of this test's runs used (an escaped, re-parented child). Other programs' sandboxes on the
+    machine are not ours to count, nor the helpers an earlier test of this process left running on
+    purpose (a pytest-xdist worker runs many test files: wandb's service process, a Ray driver's)."""
+    made, uids, original_make, original_pick = [], [], workdirs.make_folder, sandbox._pick_uid
     already = set(descendants(os.getpid(), process_table()))
 
-    def recording_mkdtemp(*args, **kwargs):
-        path = original_mkdtemp(*args, **kwargs)
+    def recording_make(*args, **kwargs):
+        path, lock = original_make(*args, **kwargs)
         made.append(path)
-        return path
+        return path, lock
 
     def recording_pick():
         uids.append(original_pick())
         return uids[-1]
 
-    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(workdirs, "make_folder", recording_make)
     monkeypatch.setattr(sandbox, "_pick_uid", recording_pick)
     yield made
-    assert [path for path in made if os.path.exists(path)] == []
+    assert [path for path in made if os.path.lexists(path) or os.path.lexists(path + workdirs.LOCK_SUFFIX)] == []
     table = process_table()
     assert [pid for pid in descendants(os.getpid(), table) if pid not in already] == []
     assert [pid for pid, (_, uid) in table.items() if uid in uids] == []

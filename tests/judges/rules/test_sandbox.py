@@ -53,8 +53,10 @@ def test_sleeping_past_the_wall_clock_times_out():
 
 
 def test_the_cpu_limit_stops_a_busy_loop():
-    result = run_python("while True:\n    pass", timeout_s=10, cpu_s=1)
-    assert result.status == "timeout" and result.seconds < 5
+    """The CPU limit, not the wall clock, ends it (SIGXCPU, or SIGKILL at the hard limit a second later
+    where the child is a PID namespace's init), however slowly a loaded machine runs it."""
+    result = run_python("while True:\n    pass", timeout_s=120, cpu_s=1)
+    assert result.status == "timeout" and result.seconds < 120
 
 
 @pytest.mark.parametrize("code", [

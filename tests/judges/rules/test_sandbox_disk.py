@@ -107,6 +107,62 @@ def test_files_held_open_under_the_budget_are_allowed(small_budget):
     assert (judgment.score, judgment.rationale) == (1.0, "2/2 hidden tests passed")
 
 
+# Red-team finding: a file written, mapped MAP_SHARED through libc's mmap (ctypes: no descriptor is
+# kept, unlike the mmap module's), closed and unlinked has neither a name nor a descriptor, yet keeps
+# its blocks. Four such files of just under 8 MiB each are held against the 16 MiB budget.
+MAPPED_WRITER = f"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+block, maps = {_CHUNK}, []
+for k in range(4):
+    fd = os.open(f"h{{k}}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.write(fd, block)
+    maps.append(libc.mmap(None, len(block), 3, 1, fd, 0))  # PROT_READ | PROT_WRITE, MAP_SHARED
+    assert maps[-1] not in (None, 2**64 - 1)
+    os.close(fd)
+    os.unlink(f"h{{k}}")
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("map_files", ["readable", "unreadable"])
+def test_files_held_only_by_a_memory_map_count_against_the_budget(small_budget, map_files, monkeypatch):
+    """With /proc/<pid>/map_files readable (root) the file's blocks are stat'ed; without it, the
+    "(deleted)" lines of /proc/<pid>/maps are measured by their mappings' extent."""
+    if map_files == "unreadable":
+        monkeypatch.setattr(disk, "_mapped_file_blocks", lambda pid, span, key: None)
+    result = sandbox.run_python(MAPPED_WRITER, timeout_s=120, cpu_s=60, audit_hook=False,
+                                allow_unconfined=True)
+    assert (result.status, result.blocked) == ("blocked", sandbox.DISK_BLOCK), result.stderr[-2000:]
+
+
+def test_the_watch_counts_unlinked_mapped_files_once_and_not_shared_anonymous_memory(tmp_path):
+    """Measured on this process: a mapped, unlinked file of the run's directory counts once however
+    often it is mapped (and open); shared anonymous memory ("/dev/zero (deleted)", bounded by
+    RLIMIT_AS, not the disk) and a mapped file that keeps its name do not."""
+    import mmap
+    anonymous = mmap.mmap(-1, 8 * 2**20)
+    anonymous.write(b"x" * (8 * 2**20))
+    (tmp_path / "named").write_bytes(b"n" * 2**20)
+    with open(tmp_path / "named", "r+b") as handle:
+        named = mmap.mmap(handle.fileno(), 0)
+    before = disk.unlinked_open_files({os.getpid()}, str(tmp_path))
+    (tmp_path / "gone").write_bytes(b"g" * 2**20)
+    with open(tmp_path / "gone", "r+b") as handle:
+        maps = [mmap.mmap(handle.fileno(), 0) for _ in range(3)]
+        gone = os.fstat(handle.fileno())
+        os.unlink(tmp_path / "gone")
+    try:
+        held, count = disk.unlinked_open_files({os.getpid()}, str(tmp_path))
+        assert count - before[1] == 1 and held - before[0] >= 2**20
+        assert disk.unlinked_mappings(os.getpid(), str(tmp_path))[gone.st_dev, gone.st_ino] == gone.st_blocks * 512
+    finally:
+        for each in maps + [named, anonymous]:
+            each.close()
+
+
 def test_a_slow_measure_is_spaced_out_in_proportion(tmp_path, monkeypatch):
     """A walk that took long (a tree of many files) is not repeated sooner than DISK_CHECK_SPACING
     times its duration, so watching a big tree costs a bounded share of the trainer's CPU."""

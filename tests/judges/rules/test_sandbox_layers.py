@@ -274,6 +274,17 @@ def test_a_forged_control_line_adds_no_layer_and_changes_no_interpreter():
     assert result.interpreter is not None and result.interpreter.version != "9.9"
 
 
+@needs_kernel
+@pytest.mark.parametrize("source", ["def f(:\n", "x = " + "(" * 250 + ")" * 250, "\x00 = 1"])
+def test_the_candidate_source_is_parsed_under_the_kernel_layers(source):
+    """Red-team pass 3: the bootstrap compiled the candidate's source before installing Landlock and
+    seccomp, so a program that does not compile reported layers=(). The parser, the first code to meet
+    the candidate's bytes, now runs after the lock-down: a syntax error's run lists every layer."""
+    result = run_python(source, audit_hook=False)
+    assert result.status == "error" and ("SyntaxError" in result.stderr or "null bytes" in result.stderr)
+    assert result.layers == SETUP.layers and {"landlock", "seccomp"} <= set(result.layers)
+
+
 # ---- item 7: which interpreter ran ------------------------------------------------------------------
 
 def test_each_result_names_the_interpreter_that_ran_with_its_full_version():
