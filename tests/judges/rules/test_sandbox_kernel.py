@@ -30,15 +30,6 @@ needs_kernel = pytest.mark.skipif(KERNEL != ("landlock", "seccomp"),
                                   reason=f"kernel layers unavailable here: {sandbox.isolation().unavailable}")
 
 
-@pytest.fixture
-def outside(tmp_path):
-    """A directory outside the sandbox, writable by anyone (so only the sandbox's layers keep code out)."""
-    tmp_path.chmod(0o777)
-    (tmp_path / "secret.txt").write_text("the parent's secret")
-    (tmp_path / "secret.txt").chmod(0o666)
-    return tmp_path
-
-
 def kernel_only(code: str) -> sandbox.SandboxResult:
     return run_python(textwrap.dedent(code), audit_hook=False, timeout_s=10)
 

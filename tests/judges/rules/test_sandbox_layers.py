@@ -84,15 +84,6 @@ interp = mod.create()
 """
 
 
-@pytest.fixture
-def outside(tmp_path):
-    """A directory outside the sandbox, writable by anyone (so only the sandbox's layers keep code out)."""
-    tmp_path.chmod(0o777)
-    (tmp_path / "secret.txt").write_text("the parent's secret")
-    (tmp_path / "secret.txt").chmod(0o666)
-    return tmp_path
-
-
 def alias_attack(module: str, loader: str, out) -> str:
     return (FIND.format(module=module) + LOADERS[loader].format(module=module)
             + RUN_INSIDE.format(payload=PAYLOAD.format(out=out)))
