@@ -13,6 +13,16 @@ Conditions, differing only in `train.selfplay` (everything else is the scenario'
     fixed    the pool, plus a quarter of the steps against a fixed opponent of the scenario
              (`train.selfplay.fixed_opponents`): tic-tac-toe's random player (never minimax, which
              is what the evaluation measures), Kuhn poker's equilibrium player
+    mmd      pure self-play with `train.selfplay.converge: mmd` (magnetic mirror descent: a KL pull of
+             magnet_weight toward a magnet reset to the current policy every magnet_every steps)
+    average  pure self-play with `train.selfplay.converge: average`: the served policy is the mixture
+             of every iterate's snapshot, one drawn per game
+
+Each condition's served policy is evaluated too (`served/*`): the last iterate, except under `average`,
+where it is the mixture (`trainer.serving()`, what `marl run`'s held-out evaluation plays). With
+`--expert uniform` (or `check`), Kuhn poker's expert, and so its tiny model's build and any warm-up SFT,
+is a player that does not imitate the equilibrium (kuhn_poker_lib:uniform_expert: each offered word with
+probability 1/2, exploitability 0.458; check_expert: always the passive word, exploitability 1).
 
 With `--warmup`, each seed first runs the scenario's warm-up SFT once (what `marl run` does before RL:
 SFT on the expert's moves until the sampled accuracy among experts reaches train.warmup.accuracy_target,
@@ -55,7 +65,10 @@ GAMES = {  # game -> (the figure followed, whether higher is better, the fixed o
     "tictactoe": ("vs/minimax/not_lost", True, "random"),
     "kuhn_poker": ("game/exploitability", False, "nash"),
 }
-CONDITIONS = ("self", "pool", "fixed")
+CONDITIONS = ("self", "pool", "fixed", "mmd", "average")
+DEFAULT_CONDITIONS = ("self", "pool", "fixed")
+EXPERTS = {"nash": None, "uniform": "kuhn_poker_lib:uniform_expert", "check": "kuhn_poker_lib:check_expert"}
+SERVED = "served/game/exploitability"  # Kuhn poker: of the policy a run serves (the mixture under `average`)
 AVERAGE = "game/exploitability_average"  # Kuhn poker: of the average of the iterates (IterateAverage)
 
 
@@ -64,6 +77,8 @@ def condition_settings(condition: str, game: str, seed: int) -> list[str]:
     settings = [f"train.seed={seed}", "train.threads=1"]
     if condition == "self":
         return settings + ["train.selfplay.self_play_fraction=1.0"]
+    if condition in ("mmd", "average"):  # pure self-play, converging by the setting alone
+        return settings + ["train.selfplay.self_play_fraction=1.0", f"train.selfplay.converge={condition}"]
     if condition == "fixed":
         return settings + [f"train.selfplay.fixed_opponents={{{GAMES[game][2]}: 0.25}}"]
     return settings
@@ -95,7 +110,7 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
         trainer.actors["shared"].model.load_state_dict(start)
         trainer.restart_frozen_copies()  # the KL reference and the first snapshot are the warmed-up model
     iterates = IterateAverage(trainer.player) if game == "kuhn_poker" else None
-    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks) | _average(iterates))], 0.0
+    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer))], 0.0
     for step in range(1, steps + 1):
         started = time.perf_counter()
         trainer.step()
@@ -103,8 +118,19 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
         if iterates is not None:
             iterates.add()  # a measurement, not training: outside the seconds
         if step % eval_every == 0 or step == steps:
-            curve.append((step, evaluate_team(trainer.player, eval_tasks) | _average(iterates)))
+            curve.append((step, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer)))
     return {"curve": curve, "seconds": seconds, "games": len(eval_tasks)}
+
+
+def _served(trainer) -> dict:
+    """`served/game/*`: the scenario's own figures (Kuhn poker's exact exploitability) of the policy the run
+    serves: the mixture of the iterates under converge: average, else the last iterate."""
+    from trainers.team.evaluation import scenario_figures
+
+    if not trainer.spec.evaluation:
+        return {}
+    with trainer.serving() as player:
+        return {f"served/{key}": value for key, value in scenario_figures(player).items()}
 
 
 class IterateAverage:
@@ -160,22 +186,24 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
                     f"{seat} {last.get(f'vs/minimax/{seat}/not_lost', float('nan')):.2f}" for seat in ("x", "o"))
         if game == "kuhn_poker":
             extra = "  average of the iterates " + " ".join(f"{figures.get(AVERAGE, float('nan')):.3f}"
-                                                         for _, figures in run["curve"])
-        print(f"  {condition:<5} seed {seed}: {points}{extra}")
-    print(f"  {'':<5} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
+                                                         for _, figures in run["curve"]) \
+                + "  served " + " ".join(f"{figures.get(SERVED, float('nan')):.3f}" for _, figures in run["curve"])
+        print(f"  {condition:<7} seed {seed}: {points}{extra}")
+    print(f"  {'':<7} {'first':>6} {'best':>6} {'@step':>6} {'last':>6} {'drop':>6} {'s/step':>7}")
     lasts = {}
     for condition in conditions:
         rows = [summary(results[condition, seed], figure, higher) for seed in seeds]
         mean = {key: statistics.fmean(row[key] for row in rows) for key in rows[0]}
         per_step = statistics.fmean(results[condition, seed]["seconds"] for seed in seeds) / \
             max(1, results[condition, seeds[0]]["curve"][-1][0])
-        print(f"  {condition:<5} {mean['first']:>6.3f} {mean['best']:>6.3f} {mean['best_step']:>6.0f} "
+        print(f"  {condition:<7} {mean['first']:>6.3f} {mean['best']:>6.3f} {mean['best_step']:>6.0f} "
               f"{mean['last']:>6.3f} {mean['drop']:>6.3f} {per_step:>7.2f}")
         lasts[condition] = mean["last"]
-    if game == "kuhn_poker":  # the average of the iterates (IterateAverage), beside the last iterate
-        print("  average of the iterates, last: " + ", ".join(
-            f"{condition} {statistics.fmean(results[condition, seed]['curve'][-1][1][AVERAGE] for seed in seeds):.3f}"
-            for condition in conditions))
+    if game == "kuhn_poker":  # the average of the iterates (IterateAverage) and the served policy, beside the last
+        for name, key in (("average of the iterates", AVERAGE), ("served policy", SERVED)):
+            print(f"  {name}, last: " + ", ".join(
+                f"{condition} {statistics.fmean(results[condition, seed]['curve'][-1][1][key] for seed in seeds):.3f}"
+                for condition in conditions))
     return lasts
 
 
@@ -191,8 +219,12 @@ def parse_args(argv=None):
     parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default 10)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="a scenario override applied to every condition (repeatable), e.g. train.beta=0.04")
-    parser.add_argument("--conditions", default=",".join(CONDITIONS),
-                        help=f"conditions to run, comma-separated (default {','.join(CONDITIONS)})")
+    parser.add_argument("--conditions", default=",".join(DEFAULT_CONDITIONS),
+                        help=f"conditions to run, comma-separated, of {','.join(CONDITIONS)} (default "
+                             f"{','.join(DEFAULT_CONDITIONS)})")
+    parser.add_argument("--expert", choices=tuple(EXPERTS), default="nash",
+                        help="Kuhn poker's expert, which its tiny model and any warm-up imitate: nash (the "
+                             "scenario's), uniform (each word 1/2) or check (always passive); default nash")
     parser.add_argument("--warmup", action="store_true",
                         help="start every condition of a seed from the scenario's warm-up SFT (train.warmup: SFT on "
                              "the expert until the accuracy among experts reaches accuracy_target, e.g. --set "
@@ -225,21 +257,23 @@ def main(argv=None) -> int:
     print(f"self-play conditions {', '.join(args.conditions)}; games {', '.join(args.games)}; {args.seeds} seeds x "
           f"{args.steps} steps; evaluation every {args.eval_every} steps on the held-out tasks"
           + ("; every condition from the warm-up's SFT" if args.warmup else "")
-          + (f"; every condition with {' '.join(args.settings)}" if args.settings else ""))
+          + (f"; every condition with {' '.join(args.settings)}" if args.settings else "")
+          + (f"; Kuhn poker's expert {args.expert}" if args.expert != "nash" else ""))
     # the run is the main stage, `--steps` long, so an lr schedule (train.lr_schedule) spans exactly the run
     span = [f"train.steps={args.steps}", "train.stages=[main]"]
     lasts, games_per_eval = {}, {}
     for game in args.games:
         results = {}
+        expert = [f"expert={EXPERTS[args.expert]}"] if game == "kuhn_poker" and EXPERTS[args.expert] else []
         for seed in seeds:
-            start = warmed_start(game, condition_settings("self", game, seed) + span + args.settings) \
+            start = warmed_start(game, condition_settings("self", game, seed) + span + expert + args.settings) \
                 if args.warmup else None
             for condition in args.conditions:
-                settings = condition_settings(condition, game, seed) + span + args.settings
+                settings = condition_settings(condition, game, seed) + span + expert + args.settings
                 run = train_condition(game, settings, args.steps, args.eval_every, start)
                 results[condition, seed] = run
                 games_per_eval[game] = run["games"]
-                print(f"  {game} {condition:<5} seed {seed}: {run['seconds']:.0f} s training", flush=True)
+                print(f"  {game} {condition:<7} seed {seed}: {run['seconds']:.0f} s training", flush=True)
         lasts[game] = print_game(game, results, seeds, args.conditions)
     if "tictactoe" not in lasts:  # Kuhn poker alone: exploitability, lower is better
         last = lasts["kuhn_poker"]

@@ -20,7 +20,8 @@ is now. Sampling strategies:
   so the snapshots that still beat the learner are played most.
 
 Ratings are Elo (`EloRatings`) or TrueSkill (`TrueSkillRatings`, the `trueskill` package, imported lazily).
-This module loads no torch.
+`IterateMixture` holds the snapshots of `converge: average`: the average of the iterates, served as a
+mixture drawn once per game. This module loads no torch.
 """
 
 from __future__ import annotations
@@ -279,6 +280,73 @@ class OpponentPool:
         self.entries = [PoolEntry(e["id"], int(e["step"]), e["snapshot"]) for e in state["entries"]]
         version, internal, gauss_next = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss_next))
+
+
+class IterateMixture:
+    """The average of self-play's iterates, as a mixture of snapshots drawn once per game
+    (`train.selfplay.converge: average`).
+
+    A snapshot of the policy is added after every `every` steps (and at the start, step 0). The mixture
+    over steps 0..T (the iterates so far) gives each snapshot the share of those steps it stood for:
+    the one taken at step s stands for steps s up to the next snapshot's (the newest: up to T, the live
+    policy standing for the steps after it). With every = 1 each iterate is a snapshot, weighted
+    uniformly. Drawing one component per game plays, by Kuhn's theorem, like the behaviour strategy
+    that averages the components at every information set weighted by how often each reaches it: the
+    average strategy that fictitious play and counterfactual regret minimisation converge with.
+    Snapshots are opaque (the caller's objects); this class loads no torch.
+    """
+
+    def __init__(self, every: int = 1, seed: int = 0):
+        if every < 1:
+            raise ValueError(f"every must be at least 1 (steps between snapshots), got {every}")
+        self.every, self.seed = int(every), int(seed)
+        self.entries: list[PoolEntry] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def due(self, step: int) -> bool:
+        """Whether the policy after step `step` (1-based; 0: the start) joins the mixture."""
+        return step % self.every == 0
+
+    def add(self, step: int, snapshot: Any) -> None:
+        """The policy as of `step`; steps only move forward."""
+        if self.entries and step <= self.entries[-1].step:
+            raise ValueError(f"snapshot of step {step} after one of step {self.entries[-1].step}: steps move forward")
+        self.entries.append(PoolEntry(f"step-{step}", int(step), snapshot))
+
+    def components(self, step: int, live: Any = None) -> list[tuple[float, int, Any]]:
+        """(weight, step, snapshot) of the mixture over the iterates 0..`step`, weights summing to 1; the
+        `live` policy stands for the steps after the newest snapshot (a snapshot taken at `step`, or none
+        given: the newest snapshot stands for them)."""
+        if not self.entries:
+            raise ValueError("the mixture is empty: add the start's snapshot first (add(0, snapshot))")
+        entries = [(e.step, e.snapshot) for e in self.entries if e.step <= step]
+        if live is not None and entries[-1][0] < step:
+            entries.append((step, live))
+        ends = [start for start, _ in entries[1:]] + [step + 1]
+        total = step + 1 - entries[0][0]
+        return [((end - start) / total, start, snapshot) for (start, snapshot), end in zip(entries, ends)]
+
+    def draw(self, weights: list[float], game: str) -> int:
+        """The component (an index into `weights`) one game plays: drawn with the mixture's seed and the
+        game's key, so the same game draws the same component, and over games each comes `weights`' share."""
+        u = random.Random(f"{self.seed}:{game}").random()
+        for index, weight in enumerate(weights):
+            u -= weight
+            if u < 0:
+                return index
+        return len(weights) - 1  # rounding: the sum fell a hair short of 1
+
+    def state_dict(self) -> dict:
+        """The snapshots and the settings."""
+        return {"every": self.every, "seed": self.seed,
+                "entries": [{"step": e.step, "snapshot": e.snapshot} for e in self.entries]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()`."""
+        self.every, self.seed = int(state["every"]), int(state["seed"])
+        self.entries = [PoolEntry(f"step-{e['step']}", int(e["step"]), e["snapshot"]) for e in state["entries"]]
 
 
 def match_score(rewards: dict[str, float], learner_agents, opponent_agents) -> float:

@@ -186,24 +186,27 @@ def exploitability(strategy: dict) -> float:
     return (gain_first + gain_second) / 2
 
 
-def average_strategy(strategies: list[dict]) -> dict:
-    """The strategy of playing, each hand, one of `strategies` drawn uniformly (in each seat): at every
-    information set the average of their moves weighted by how often each one's own play reaches it
-    (Kuhn's theorem makes this behaviour strategy worth the same as the mixture against any opponent).
-    It is the average of the iterates that fictitious play converges with, where the last iterate of
-    gradient self-play may cycle."""
+def average_strategy(strategies: list[dict], weights: list[float] | None = None) -> dict:
+    """The strategy of playing, each hand, one of `strategies` drawn with `weights` (default uniformly; in
+    each seat): at every information set the average of their moves weighted by each one's draw weight
+    times how often its own play reaches the set (Kuhn's theorem makes this behaviour strategy worth the
+    same as the mixture against any opponent). It is the average of the iterates that fictitious play
+    converges with, where the last iterate of gradient self-play may cycle."""
     if not strategies:
         raise ValueError("average_strategy needs at least one strategy")
+    weights = [1.0] * len(strategies) if weights is None else list(weights)
+    if len(weights) != len(strategies) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"one non-negative weight per strategy, not all 0; got {weights} for {len(strategies)}")
     average = {}
     for player, card, history in INFOSETS:
         key = (player, card, history)
         # how often each strategy's own play reaches the set: 1 - P(bet) for `first` at 'check bet', else 1
-        weights = [_moves_reach(strategy, history, player, card) for strategy in strategies]
-        total = sum(weights)
-        if total <= 0:  # no strategy reaches it: any move will do, take the plain mean
-            average[key] = sum(strategy[key] for strategy in strategies) / len(strategies)
+        reach = [w * _moves_reach(strategy, history, player, card) for w, strategy in zip(weights, strategies)]
+        total = sum(reach)
+        if total <= 0:  # no strategy reaches it: any move will do, take the weighted mean
+            average[key] = sum(w * strategy[key] for w, strategy in zip(weights, strategies)) / sum(weights)
         else:
-            average[key] = sum(w * strategy[key] for w, strategy in zip(weights, strategies)) / total
+            average[key] = sum(r * strategy[key] for r, strategy in zip(reach, strategies)) / total
     return average
 
 
@@ -248,19 +251,52 @@ def evaluation(policy) -> dict[str, float]:
     For a model policy these are of the mixed strategy it plays when sampling (mixed_strategy_of), the
     one it is trained as; `exploitability_greedy` is that of its greedy moves. No pure strategy is
     worth less than 1/6 (every one of the 4096 was enumerated; tests/marl/scenario/test_kuhn_poker.py),
-    so only a mixed strategy can approach the equilibrium's 0. A scripted policy has its greedy figures."""
-    greedy, equilibrium = strategy_of(policy), nash(0.0)
-    strategy = mixed_strategy_of(policy) or greedy
+    so only a mixed strategy can approach the equilibrium's 0. A scripted policy has its greedy figures.
+    A mixture drawn once per hand (`policy.mixture`: [(weight, policy)], the served average of self-play's
+    iterates) has the figures of its components' strategies averaged by average_strategy."""
+    greedy, strategy = _strategies(policy)
+    equilibrium = nash(0.0)
     return {"exploitability": exploitability(strategy),
             "value_vs_nash": (game_value(strategy, equilibrium) - game_value(equilibrium, strategy)) / 2,
             "exploitability_greedy": exploitability(greedy)}
 
 
-def expert(agent: str, observation_text: str, task) -> str:
-    """The equilibrium (alpha = 1/6), its mixed moves drawn with a generator seeded by task and view."""
+def _strategies(policy) -> tuple[dict, dict]:
+    """(greedy, sampled) strategies of a policy, or of a mixture's components averaged with its weights."""
+    mixture = getattr(policy, "mixture", None)
+    if not mixture:
+        greedy = strategy_of(policy)
+        return greedy, mixed_strategy_of(policy) or greedy
+    weights = [weight for weight, _ in mixture]
+    greedy = average_strategy([strategy_of(component) for _, component in mixture], weights)
+    mixed = [mixed_strategy_of(component) for _, component in mixture]
+    return greedy, greedy if None in mixed else average_strategy(mixed, weights)
+
+
+def _view(observation_text: str) -> tuple[str, str]:
+    """(card, history) of the observation the scenario shows a player."""
     card = re.search(r"Card ([JQK])", observation_text).group(1)
     moves = re.search(r"Moves: ([a-z ]+)\.", observation_text).group(1)
-    history = "" if moves == "none" else moves
+    return card, "" if moves == "none" else moves
+
+
+def uniform_expert(agent: str, observation_text: str, task) -> str:
+    """A warm-up that does not imitate the equilibrium (bench/selfplay.py --expert uniform): each of the two
+    offered words with probability 1/2, drawn with a generator seeded by task and view."""
+    _, history = _view(observation_text)
+    passive, aggressive = OFFERS[(agent, history)]
+    return aggressive if random.Random(f"{task.id}:{agent}:{history}:uniform").random() < 0.5 else passive
+
+
+def check_expert(agent: str, observation_text: str, task) -> str:
+    """A warm-up that does not imitate the equilibrium: always the passive word (check, or fold to a bet)."""
+    _, history = _view(observation_text)
+    return OFFERS[(agent, history)][0]
+
+
+def expert(agent: str, observation_text: str, task) -> str:
+    """The equilibrium (alpha = 1/6), its mixed moves drawn with a generator seeded by task and view."""
+    card, history = _view(observation_text)
     passive, aggressive = OFFERS[(agent, history)]
     p = nash(1 / 6)[(agent, card, history)]
     return aggressive if random.Random(f"{task.id}:{agent}:{history}").random() < p else passive

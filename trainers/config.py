@@ -5,7 +5,8 @@ and the features below it read the `TrainConfig` they are given, never `scenario
 concern owns one written, typed config with a help text per field, defined once:
 
     grpo        trainers.grpo.config.GRPOConfig: every knob of the GRPO core (the scenario's, by name, plus
-                the two derived ones: the steps of every stage, the agents' longest message)
+                the two derived ones: the steps of every stage, the agents' longest message; with
+                train.selfplay.converge: mmd, beta and ref_update_every are the magnet's: magnet_knobs)
     lora        marl.scenario.sections.LoraSpec, or None (full fine-tuning)
     stages      StageConfig: the plan (stage, RL steps) and the warm-up, reflection and safety sections
     selfplay    marl.scenario.sections.SelfPlaySpec when self-play is on (resolved from the scenario's mode
@@ -31,7 +32,7 @@ from marl.scenario.spec import TrainSpec
 from trainers.grpo.config import DERIVED_KNOBS, GRPOConfig
 
 __all__ = ["BackendConfig", "ContinualError", "LoopConfig", "StageConfig", "TrainConfig", "grpo_config", "resolve_config",
-           "continual_beta", "settings_help", "stage_at", "stage_plan"]
+           "continual_beta", "magnet_knobs", "settings_help", "stage_at", "stage_plan"]
 
 
 
@@ -137,6 +138,8 @@ def resolve_config(scenario, *, grpo: GRPOConfig | None = None, continual: bool 
     if continual:  # the policy starts trained, and a warm-up would move the KL reference off the earlier policy
         plan = tuple((stage, steps) for stage, steps in plan if stage != "warmup")
         grpo = grpo if grpo is not None else grpo_config(scenario, plan).with_knobs(beta=continual_beta(train))
+    if grpo is None and selfplay and train.selfplay.converge == "mmd":
+        grpo = grpo_config(scenario, plan).with_knobs(**magnet_knobs(train.selfplay))
     return TrainConfig(
         grpo=grpo if grpo is not None else grpo_config(scenario, plan), model=train.model, lora=train.lora,
         stages=StageConfig(plan, train.warmup, train.reflection, train.safety),
@@ -160,10 +163,22 @@ def continual_beta(train) -> float:
     if kl and train.beta and kl != train.beta:
         raise ContinualError(f"train.continual.kl={kl:g} and train.beta={train.beta:g} both set a KL to the earlier "
                              "policy (with --init-from it is the one reference); set only train.continual.kl")
+    if train.selfplay.converge == "mmd":
+        raise ContinualError("train.selfplay.converge=mmd moves the KL reference to the current policy, which "
+                             "--init-from keeps on the earlier policy; use converge none or average")
     if train.ref_update_every:
         raise ContinualError(f"train.ref_update_every={train.ref_update_every} would move the KL reference away "
                              "from the earlier policy, which --init-from keeps it on; set ref_update_every: 0")
     return kl or train.beta
+
+
+def magnet_knobs(selfplay) -> dict:
+    """The GRPO knobs of `converge: mmd` (magnetic mirror descent, Sokota et al. 2022): the KL term is the pull
+    toward the magnet (beta = magnet_weight) and its reference is the magnet, moved to the current policy every
+    magnet_every steps (ref_update_every; the learner moves it as it ends a step). A magnet that pulls nothing
+    never moves, so magnet_weight 0 is the plain update, with no reference built."""
+    weight = selfplay.magnet_weight
+    return {"beta": weight, "ref_update_every": selfplay.magnet_every if weight else 0}
 
 
 def settings_help(model=None, prefix: str = "train.") -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ from marl.scenario.graph import check_graph
 from common.imports import resolve_callable
 from marl.scenario import checks as scenario_checks
 from marl.scenario.overrides import apply_overrides
-from marl.scenario.problems import Problem, ScenarioError, shape_problems, where
+from marl.scenario.problems import Problem, ScenarioError, os_error_problem, shape_problems, where
 from marl.scenario.spec import ScenarioSpec, TaskSpec
 from marl.types import Task
 from marl.scenario.yaml_positions import MAX_BYTES, YamlSyntaxError, decode_yaml_bytes, load_with_positions, locate
@@ -135,8 +135,11 @@ def _read_text(path: Path) -> str:
 def _checked(spec: ScenarioSpec, positions, base_dir: Path, file: str, overridden) -> Scenario:
     scenario = Scenario(spec=spec, base_dir=base_dir, file=file, positions=positions,
                         overridden=dict(overridden) if isinstance(overridden, dict) else {})
-    problems = [Problem(*where(path, positions, file, overridden), path, message)
-                for path, message in check_semantics(scenario)]
+    try:
+        found = check_semantics(scenario)
+    except OSError as error:  # a path the file system refuses to look up (too long): its key, one line
+        found = [os_error_problem(spec.model_dump(mode="json"), error)]
+    problems = [Problem(*where(path, positions, file, overridden), path, message) for path, message in found]
     if problems:
         raise ScenarioError(problems)
     return scenario
@@ -162,6 +165,7 @@ def check_semantics(scenario: Scenario) -> list[tuple[tuple, str]]:
     problems += _model_problems(scenario)
     problems += _reward_problems(scenario)
     problems += _reference_problems(scenario)
+    problems += _converge_problems(spec)
     problems += _template_problems(spec, names)
     if spec.graph.end_on is not None and (problem := scenario_checks.pattern_problem(spec.graph.end_on)):
         problems.append((("graph", "end_on"), f"{problem} (graph.end_on is matched against whole messages)"))
@@ -339,6 +343,26 @@ def _reference_problems(scenario: Scenario) -> list[tuple[tuple, str]]:
     if spec.tasks.jsonl is not None and (problem := _data_file_problem(scenario.base_dir / spec.tasks.jsonl)):
         problems.append((("tasks", "jsonl"), f"file {spec.tasks.jsonl!r} {problem}"))
     return problems
+
+
+def _converge_problems(spec: ScenarioSpec) -> list[tuple[tuple, str]]:
+    """train.selfplay.converge only where self-play runs, and mmd's KL not set twice (one line each)."""
+    train, path = spec.train, ("train", "selfplay", "converge")
+    converge = train.selfplay.converge
+    if converge == "none":
+        return []
+    if spec.mode == "cooperative":
+        return [(path, f"converge={converge} makes the self-play of a zero-sum game converge; this scenario is "
+                       "cooperative (no self-play): remove it")]
+    if train.selfplay.enabled is False:
+        return [(path, f"converge={converge} needs self-play, which train.selfplay.enabled: false turns off")]
+    if converge == "mmd" and (train.beta or train.ref_update_every):
+        return [(path, "converge=mmd sets the KL term itself (train.selfplay.magnet_weight, magnet_every); "
+                       "leave train.beta and train.ref_update_every at 0")]
+    if converge == "average" and (train.backend == "ray" or train.engine.kind == "http"):
+        return [(path, "converge=average plays its snapshots in this process; use backend local and engine "
+                       "inprocess")]
+    return []
 
 
 def _template_problems(spec: ScenarioSpec, names: list[str]) -> list[tuple[tuple, str]]:

@@ -9,6 +9,7 @@ and column in the file.
 from __future__ import annotations
 
 import difflib
+import errno
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,25 @@ def _data_path(loc: tuple, data: Any) -> tuple:
             break
         path.append(part)
     return tuple(path)
+
+
+def os_error_problem(data: Any, error: OSError) -> tuple[tuple, str]:
+    """(key path, message) for an OSError a check met on a path the scenario names (a name of 300 characters:
+    ENAMETOOLONG, which pathlib's exists() raises rather than answers): the key whose value holds the path's
+    longest part, found in `data` (the spec as plain data); () when none does."""
+    parts = str(error.filename or "").split("/")
+    name = max(parts, key=len).rsplit(".", 1)[0]  # a module's file: 'tools.py' of the value 'tools:f'
+    what = error.strerror or error.__class__.__name__
+    fix = ("a file name is at most 255 bytes: give a shorter path" if error.errno == errno.ENAMETOOLONG
+           else "give another path")
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack and name:
+        path, node = stack.pop()
+        if isinstance(node, str) and name in node:
+            return path, f"the path {node[:60]!r}{'...' if len(node) > 60 else ''} cannot be checked ({what}); {fix}"
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((path + (key,), child) for key, child in children)
+    return (), f"a path cannot be checked ({what}: {str(error.filename)[:60]}...); {fix}"
 
 
 def _allowed_keys(schema: type[BaseModel], path: tuple) -> list[str]:

@@ -62,8 +62,11 @@ class TrackingSpec(Strict):
     project: str = Field("marl", description="the W&B project the run is logged under")
 
 
+CONVERGE_MODES = ("none", "mmd", "average")
+
+
 class SelfPlaySpec(Strict):
-    """Self-play of competitive scenarios: the learner against its past snapshots."""
+    """Self-play of competitive scenarios: the learner against its past snapshots, and how it converges."""
 
     enabled: bool | None = Field(None, description="default: on for competitive and mixed scenarios")
     pool_size: Annotated[int, at_most(1024, "each snapshot is a copy of the model, kept in memory")] = Field(
@@ -79,6 +82,18 @@ class SelfPlaySpec(Strict):
     fixed_opponents: dict[str, float] = Field(
         default_factory=dict, description="share of steps the learner plays each of the scenario's fixed "
                                           "`opponents` (by name); the other steps follow self_play_fraction")
+    converge: Literal[CONVERGE_MODES] = Field(
+        "none", description="how self-play converges in a zero-sum game: none (the last iterate, which may cycle), "
+                            "mmd (magnetic mirror descent: a KL pull toward a magnet, the policy as it was at the "
+                            "last reset, reset every magnet_every steps; the last iterate converges) or average "
+                            "(the served policy is the mixture of every iterate's snapshot, one drawn per game)")
+    magnet_every: Steps = Field(10, ge=0, description="mmd: steps between resets of the magnet to the current policy "
+                                                      "(0: never, the magnet stays the start)")
+    magnet_weight: float = Field(0.1, ge=0, description="mmd: coefficient of the KL pull toward the magnet (the "
+                                                        "GRPO beta; 0: no pull, the plain update)")
+    average_every: Steps = Field(1, ge=1, description="average: steps between the snapshots the served mixture "
+                                 "draws from, each weighted by the steps it stood for (1: every iterate, exact); "
+                                 "each is a copy of the weights kept in memory and in the checkpoint")
 
     @field_validator("fixed_opponents")
     @classmethod

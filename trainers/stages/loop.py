@@ -94,8 +94,10 @@ def stage_step(trainer, stage: str, within: int, train_tasks: list, log=print) -
 
 
 def evaluate_held_out(trainer, eval_tasks) -> dict:
-    """The held-out figures of the trainer's team at temperature 0 (with its self-play evaluation opponents)."""
-    return evaluate_team(trainer.player, eval_tasks, opponent_actors=trainer.eval_opponents)
+    """The held-out figures of the trainer's served team at temperature 0 (with its self-play evaluation
+    opponents); with train.selfplay.converge: average the served policy is the mixture of the iterates."""
+    with trainer.serving() as player:
+        return evaluate_team(player, eval_tasks, opponent_actors=trainer.eval_opponents)
 
 
 def _signals_so_far(out: Path, step: int) -> list[float]:

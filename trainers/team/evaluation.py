@@ -101,8 +101,11 @@ def learned_policy(player):
 
     The policy also has `probabilities(agent, observation, task, messages) -> [p, ...]`: how likely the
     seat's actor is to say each message when it samples (ModelActor.message_probabilities), or None for
-    an actor that cannot say (a scripted or endpoint one): a game's exact figures of the mixed strategy."""
-    return LearnedPolicy(player)
+    an actor that cannot say (a scripted or endpoint one): a game's exact figures of the mixed strategy.
+    A player that serves a mixture of snapshots (trainers/team/served.py) gives its own policy, whose
+    `mixture` lists (weight, component policy)."""
+    served = getattr(player, "learned_policy", None)
+    return served() if served is not None else LearnedPolicy(player)
 
 
 class LearnedPolicy:

@@ -12,16 +12,21 @@ per task; each episode's result updates the snapshot's rating, and a snapshot jo
     selfplay.metrics(episodes, agents, opponent)        selfplay/* of the step
 
 It adds its frozen actors (the snapshot player, fixed opponents, the initial policy) to the actors
-dict the episode player plays from; it never writes the trainer's fields.
+dict the episode player plays from; it never writes the trainer's fields. With `converge: average` it
+also keeps the iterates' snapshots and serves their mixture to the evaluation (`served`, trainers/team/
+served.py); `converge: mmd` is the GRPO KL term resolved by trainers.config.magnet_knobs, nothing here.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 from marl.rollout import PolicyActor
 from marl.selfplay import OpponentPool
 from trainers.policy.actors import ModelActor
 from trainers.policy.adapters import opponent_model
 from trainers.team.metrics import FIXED, fixed_opponent_score, match_scores
+from trainers.team.served import ServedAverage, snapshot
 
 OPPONENT = "opponent"  # the actor that plays a pool snapshot's seats
 INITIAL = "initial"  # the evaluation's opponent: the policy as the run started
@@ -43,6 +48,8 @@ class SelfPlay:
             raise ValueError("self-play needs every agent on the one trainable 'shared' policy; set "
                              "train.selfplay.enabled: false or make every agent's policy 'shared'")
         self.pool = self._opponent_pool()
+        self.average = None if settings.converge != "average" else ServedAverage(shared.model, settings.average_every,
+                                                                                 seed)
         # only a run with a held-out set evaluates against its start (the copy costs one frozen model)
         self.eval_opponents = {INITIAL: self._frozen_actor(INITIAL, seed_offset=98)} if evaluate_against_start else {}
 
@@ -75,6 +82,8 @@ class SelfPlay:
                 self.pool.record(opponent, score)
         if step % self.settings.snapshot_every == 0:
             self.pool.add_snapshot(step, snapshot(self.actors["shared"].model))
+        if self.average is not None:
+            self.average.record(step)
 
     def metrics(self, episodes, agents: list[str], opponent) -> dict[str, float]:
         """selfplay/*: the pool's ratings, whom the learner faced, its score against a fixed opponent."""
@@ -84,11 +93,20 @@ class SelfPlay:
         metrics["selfplay/against_fixed"] = float(fixed)
         if fixed:
             metrics[f"selfplay/{opponent.replace(':', '/')}/score"] = fixed_opponent_score(episodes, agents, opponent)
+        if self.average is not None:
+            metrics.update(self.average.metrics())
         return metrics
+
+    def served(self, player, step: int):
+        """A context giving the player of the served policy after step `step`: the mixture of the iterates
+        with converge: average (the live weights restored when it ends), else `player` itself."""
+        return nullcontext(player) if self.average is None else self.average.serving(player, step)
 
     def restart(self) -> None:
         """After a warm-up changed the weights: the pool starts again from them."""
         self.pool = self._opponent_pool()
+        if self.average is not None:
+            self.average.restart()
 
     def _opponent_pool(self):
         self.actors[OPPONENT] = self._frozen_actor(OPPONENT, seed_offset=99)
@@ -118,14 +136,12 @@ class SelfPlay:
         return opponent
 
     def state_dict(self) -> dict:
-        """The pool (snapshots and ratings) for a checkpoint."""
-        return self.pool.state_dict()
+        """The pool (snapshots and ratings) for a checkpoint, and with converge: average the iterates'."""
+        state = self.pool.state_dict()
+        return state if self.average is None else {**state, "average": self.average.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`."""
         self.pool.load_state_dict(state)
-
-
-def snapshot(model) -> dict:
-    """A detached copy of a model's weights."""
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+        if self.average is not None and "average" in state:
+            self.average.load_state_dict(state["average"])

@@ -34,6 +34,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -202,6 +203,13 @@ class MultiAgentTrainer:
     def eval_opponents(self) -> dict:
         """Actors the held-out evaluation plays the policy against ({'initial': its start} in self-play)."""
         return self.selfplay.eval_opponents if self.selfplay is not None else {}
+
+    def serving(self):
+        """A context giving the episode player of the served policy: with train.selfplay.converge: average
+        the mixture of the iterates' snapshots, one drawn per game (the live weights back when it ends);
+        else the trainer's own player."""
+        return self.selfplay.served(self.player, self.step_count) if self.selfplay is not None else \
+            nullcontext(self.player)
 
     # -- one step, top to bottom ------------------------------------------------------------------
 
