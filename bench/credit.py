@@ -11,7 +11,7 @@ seconds over ours at the largest exact n, both timed in this run.
    warmed up first: its first call costs seconds of numba compilation). Goal: at least 5x faster at
    n = 20, with equal values. The plain (one call per coalition) path is timed at n = 15 too.
 2. Error against budget at n = 20: mean absolute error against the exact values, averaged over random
-   games of four families (research/credit.md section 2.8: weighted voting `wvg`, `quad` (pairwise
+   games of four standard families (weighted voting `wvg`, `quad` (pairwise
    interactions), `soug` (sum of 2n unanimity games), `airport`), for every sampled estimator and for
    shap's Permutation(max_evals=B) and KernelExplainer(nsamples=B, l1_reg=False) (the default l1_reg
    would zero half of the players). Our budget B counts distinct coalition evaluations (v(empty) free);

@@ -39,7 +39,9 @@ from trainers.policy.gguf import GGUFError, resolve_model_dir
 from trainers.policy.memory import check_model_fits
 from trainers.ray.cluster import check_resources, connect, shutdown
 from trainers.records.report import truncate_metrics, truncate_tables, write_report
-from trainers.records.rundir import ensure_writable, failed_writes_stop_the_run, open_run_directory
+from trainers.records.rundir import (check_folder_path, ensure_writable, failed_writes_stop_the_run,
+                                     open_run_directory)
+from trainers.records.runfiles import read_run_figures
 from trainers.records.tracking import run_tracker
 from trainers.stages.loop import evaluate_held_out, run_steps
 from trainers.stages.warmup import expert_turns, sft_warmup_stage
@@ -242,8 +244,10 @@ def run_scenario(options: RunOptions, log=print) -> dict:
     A write that fails (a full disk, `ulimit -f`, a read-only file) raises RunError naming the file
     and the intact checkpoint; nothing already written is lost (every rewrite is atomic).
     """
-    if options.out and Path(options.out).is_dir():
-        ensure_writable(Path(options.out))  # a read-only run directory is refused before any model is built
+    if options.out:  # a file where the folder goes, or a read-only run directory: refused before any model is built
+        check_folder_path(Path(options.out))
+        if Path(options.out).is_dir():
+            ensure_writable(Path(options.out))
     if options.resume and options.init_from is None and options.out:  # a continual run resumes from its record
         options = replace(options, init_from=recorded_init_from(Path(options.out)))
 
@@ -294,7 +298,7 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
         truncate_metrics(out / "metrics.jsonl", trainer.step_count)
         truncate_tables(out / "tables", trainer.step_count)
         log(f"resumed from {resumed} at step {trainer.step_count}")
-    before = _read_json(out / "before.json") if resumed is not None else None
+    before = read_run_figures(out / "before.json") if resumed is not None else None  # a FIFO: one line
     if before is None and eval_tasks:  # measured before any stage, the warm-up SFT included
         before = evaluate_held_out(trainer, eval_tasks)
         drain_judge_lines(log)
@@ -316,6 +320,7 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
         run_steps(trainer, train_tasks, tracker, out, log, eval_tasks, features)
         checkpoint = final_checkpoint(trainer, out)
         after = evaluate_held_out(trainer, eval_tasks) if eval_tasks else {}
+        example = credit_example(trainer.player, eval_tasks) if after else ""  # the credit split, in words
         drain_judge_lines(log)
         if all_masked(after):
             log(all_masked_line(after, "after training"))
@@ -331,7 +336,6 @@ def _run(options, prepared: Prepared, out: Path, log) -> dict:
                              metadata={"train/step": trainer.step_count}, aliases=["latest"])
     record_scenario(out, options.scenario, options.overrides, spec.name, config)  # what a later --init-from loads
     write_text_atomically(out / "summary.json", json.dumps(summary, indent=2, default=str))
-    example = credit_example(trainer.player, eval_tasks) if after else ""  # the credit split, in words
     report = _write_report(out, spec, before, after, trainer, "\n".join(p for p in (example, budget_section) if p))
     if after and "team_success" in after:
         log(f"held-out team success after:  {after['team_success']:.3f} "
@@ -349,10 +353,6 @@ def _tracker(options: RunOptions, scenario, tracking, out: Path, step: int):
     """The run's tracker (--tracker, else train.tracking); a resume continues the same W&B run."""
     return run_tracker(options.tracker or tracking.tracker, out, step, project=tracking.project,
                        config=scenario.spec.model_dump(mode="json"), group=scenario.spec.name)
-
-
-def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _summary(trainer, before, after, seconds: float, plan) -> dict:

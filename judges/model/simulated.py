@@ -37,7 +37,7 @@ Answers are fenced and defused by `judges.model.prompts` (the judges' own builde
 marker works too), so an answer cannot close its own fence. Any other prompt gets a
 reply without a verdict (exercises parse-error paths).
 
-The model (research doc section 7.1). Features of an answer text:
+The model. Features of an answer text:
   q     = quality(text): the callable, or the dict's value (0.0 for texts not in the dict);
   z_len = log((1 + words) / (1 + 100)): log length, 0 at 100 words;
   md    = 1 if it has markdown (a line starting with "#", "- ", "* " or "1. ", or "**bold**"), else 0;

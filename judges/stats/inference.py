@@ -4,7 +4,7 @@ slopes, a small logistic-regression fitter, calibration error and Dawid-Skene pa
 Estimators with an analytic interval return an `Estimate` (see `judges.stats.agreement` for the
 design); pure scores (ECE, Brier) return floats.
 
-Identification (research report section 8): regressing a judge's verdicts on style features with a
+Identification: regressing a judge's verdicts on style features with a
 *binary gold label* as the quality control is biased (non-collapsibility plus residual quality
 confounding). Bias *parameters* must come from designs where quality cancels: both-order verdicts
 (`position_bias`) and counterfactual probes whose quality difference is zero by construction

@@ -1,4 +1,4 @@
-"""Credit assignment: split a team's value among its agents (research/credit.md).
+"""Credit assignment: split a team's value among its agents (cooperative game theory; docs/credit.md).
 
     estimators.py  Shapley, Myerson, Banzhaf, Owen, difference rewards: the public estimators
     exact.py       coalition values and exact credit from one table of all coalitions

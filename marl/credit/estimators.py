@@ -1,4 +1,4 @@
-"""Credit assignment: split a team's value among its agents (research/credit.md).
+"""Credit assignment: split a team's value among its agents (cooperative game theory; docs/credit.md).
 
 Every function takes a coalition value `v(frozenset) -> float` (or a 1-D array of per-seed returns, whose
 mean is used), the players (hashable names) and returns a `CreditEstimate(values, stderr, n_evals,
@@ -18,7 +18,7 @@ was used), so n_evals <= budget + 1. `budget=None` means unlimited for `exact` a
 exceed the budget, or after `budget` samples; coalitions already evaluated (one cache per call, or a
 shared `CachedValue`) are free. A budget below a method's minimum (`minimum_budget`) is a ValueError.
 
-`auto` (research/credit.md section 4.3): exact when every coalition needed fits the budget (2^n - 1, or
+`auto` (montecarlo.choose): exact when every coalition needed fits the budget (2^n - 1, or
 the connected coalitions for Myerson); else KernelSHAP for Shapley with n <= 12; else a pilot of 10 % of
 the budget (at least two antithetic pairs, none if that is over 40 %) estimates each estimator's
 variance per evaluation relative to permutation MC (1): antithetic 1 + rho (rho: correlation of a pair's

@@ -6,7 +6,7 @@ counts the distinct non-empty coalitions (v(empty) is free) and stops the sample
 before the next new coalition would exceed the budget. A partly drawn sample is dropped. Sampling also
 stops after `budget` samples, so a game whose coalitions are all cached cannot loop forever.
 
-Estimators (research/credit.md section 1): permutation Monte Carlo (Castro et al. 2009), antithetic
+Estimators: permutation Monte Carlo (Castro et al. 2009), antithetic
 pairs (pi, reversed pi), truncated MC (TMC, Ghorbani and Zou 2019: marginals after the prefix value is
 within `tolerance` of v(N) are 0; unbiased with tolerance 0 on monotone games whose maximum is v(N)),
 stratified by player x coalition size with Neyman allocation (Maleki et al. 2013; Castro et al. 2017),
@@ -463,7 +463,7 @@ def run_pilot(game: Game, rng: np.random.Generator, evaluations: int) -> Pilot:
 
 def choose(game: Game, pilot: Pilot, allowed: tuple[str, ...], stratified_minimum: int,
            tolerance: float) -> tuple[str, dict]:
-    """research/credit.md section 4.3 after the pilot: the estimator with the smallest expected variance
+    """After the pilot: the estimator with the smallest expected variance
     per evaluation, relative to permutation MC (1): antithetic 1 + rho; TMC, for a monotone game, the
     fraction of each order it evaluates; stratified 2 / gain (two evaluations per marginal), only when
     the rest of the budget fills its strata."""

@@ -4,7 +4,7 @@ In offline mode wandb 0.31 writes no `wandb-summary.json` or `config.yaml`; the 
 source of truth. It is a LevelDB-style log: a 7-byte header (`:W&B`, magic 0xBEE1, version 0), then
 32 KiB blocks of records (`crc32 u32 | length u16 | type u8 | data`) of type FULL/FIRST/MIDDLE/LAST.
 Each reassembled payload is a serialized `wandb.proto.wandb_internal_pb2.Record`.
-(Adapted from /work/shared/research/wandb_readback/wandb_reader.py; see research style.md Part 3.3.)
+(docs/runs.md shows a shorter reader of the same log for users.)
 """
 
 from __future__ import annotations

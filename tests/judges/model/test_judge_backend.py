@@ -1,5 +1,5 @@
 """T3: the judge client layer against a real loopback server with the real openai client, plus the
-simulated judge (research doc section 7.2). Failures are statuses, never scores; caches replay."""
+simulated judge (judges/model/simulated.py). Failures are statuses, never scores; caches replay."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""marl.credit.estimators: exact values on closed-form games (research/credit.md section 2), axioms on random small
+"""marl.credit.estimators: exact values on games with closed-form values (unanimity, airport, weighted voting...), axioms on random small
 games, sampled estimators against exact answers at fixed seeds, budgets, caches and bad input."""
 
 from __future__ import annotations

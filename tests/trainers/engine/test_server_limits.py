@@ -289,7 +289,7 @@ def test_a_burst_of_clients_that_send_a_byte_or_half_a_head_holds_no_worker(micr
         threads = threading.active_count()
         stalled = [connect(port, b"P") for _ in range(12)] + [connect(port, head("5")[:-2]) for _ in range(4)]
         assert chat(port)[0] == 200  # at once: no 503, no wait for a read timeout
-        assert threading.active_count() == threads
+        assert threading.active_count() <= threads  # no thread per client (other threads of this process may end)
         for sock in stalled:
             sock.close()
 
