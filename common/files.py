@@ -22,6 +22,7 @@ ValueError of one line naming the file (and the line, for JSON lines), what is w
     user_file_problem(path)                           why `path` is not a readable regular file, or None
     text_lines(text)                                  (number, line) of the non-blank lines, split at \\n only
     parse_json_line(path, number, line)               one JSON value, bounded in nesting and digits
+    read_json_file(path, max_bytes=...)               the JSON value of a whole file, bounded the same way
     read_json_objects(path, what=...)                 (number, object) of a JSON-lines file
 
 Writing is used by checkpoints (`trainers/records/checkpoint.py`), the tiny-model cache
@@ -148,6 +149,11 @@ class FileProblem(ValueError):
     def __init__(self, path, reason: str, line: int = 0, column: int = 0):
         self.path, self.reason, self.line, self.column = str(path), reason, line, column
         super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+
+
+class NotJSON(FileProblem):
+    """A line (or file) that is not JSON at all: a reader of files a crash may cut short (a run's metrics)
+    skips such a torn line, where a hostile one (too deep, too many digits) is still refused."""
 
 
 class FileTooLarge(FileProblem):
@@ -319,18 +325,19 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def parse_json_line(path, number: int, line: str) -> Any:
+def parse_json_line(path, number: int, line: str, *, constants: bool = False) -> Any:
     """The JSON value of line `number` of `path`; FileProblem (`FILE:LINE: ...`, one line) when it is not
-    JSON, nests deeper than MAX_JSON_DEPTH, or holds an integer past MAX_INT_DIGITS digits, NaN, Infinity
-    or a float that overflows. A whole JSON file (a calibrator) is line 1 with all of its text as `line`:
-    a problem then names the line of the file it is on."""
+    JSON (NotJSON), nests deeper than MAX_JSON_DEPTH, or holds an integer past MAX_INT_DIGITS digits, NaN,
+    Infinity or a float that overflows. `constants` accepts NaN and Infinity (what Python's json.dumps writes
+    for them: a run's own metrics hold them). A whole JSON file (a calibrator) is line 1 with all of its text
+    as `line`: a problem then names the line of the file it is on."""
     deep = f"JSON nested more than {MAX_JSON_DEPTH} levels deep; flatten it (data needs a few levels)"
     try:
-        value = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+        value = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float,
+                           parse_constant=float if constants else _no_constant)
     except json.JSONDecodeError as error:
         line_no = number + error.lineno - 1
-        raise FileProblem(path, f"not valid JSON ({error.msg} at column {error.colno})", line_no, error.colno) \
-            from None
+        raise NotJSON(path, f"not valid JSON ({error.msg} at column {error.colno})", line_no, error.colno) from None
     except _Refused as error:
         offset = max(line.find(error.token), 0)
         column = offset - (line.rfind("\n", 0, offset) + 1) + 1
@@ -342,6 +349,13 @@ def parse_json_line(path, number: int, line: str) -> Any:
     if _too_deep(value, MAX_JSON_DEPTH):
         raise FileProblem(path, deep, number)
     return value
+
+
+def read_json_file(path, *, max_bytes: int = MAX_DATA_BYTES, expected: str = "a JSON file",
+                   constants: bool = False) -> Any:
+    """The JSON value of the whole regular file `path` (read_user_text, then parse_json_line: bounded in
+    size, nesting and digits); FileProblem naming the file and the line of the problem otherwise."""
+    return parse_json_line(path, 1, read_user_text(path, max_bytes=max_bytes, expected=expected), constants=constants)
 
 
 def read_json_objects(path, *, what: str = "", max_bytes: int = MAX_DATA_BYTES) -> list[tuple[int, dict]]:

@@ -173,6 +173,14 @@ def model_folder_problem(path: str | Path, *, require_weights: bool = True) -> s
     `require_weights=False` lets a folder without any weight file pass (its loader says so later: a
     check that runs before the memory check, which only needs config.json)."""
     directory = Path(path)
+    try:
+        return _folder_problem(directory, require_weights)
+    except OSError as error:  # a name too long for the file system (pathlib's exists() raises it), EIO
+        return f"{str(directory)[:200]}: cannot be read ({error.strerror or error}); {SAVE_FIX}"
+
+
+def _folder_problem(directory: Path, require_weights: bool) -> str | None:
+    """model_folder_problem's checks, in order (an OSError is its caller's one line)."""
     if not directory.is_dir():
         return f"{directory} is not a directory; {SAVE_FIX}"
     if not (directory / "config.json").exists():

@@ -32,18 +32,22 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.files import write_text_atomically
+from common.files import read_user_file, write_text_atomically
 from marl.rollout import EpisodePlayer
 from marl.scenario.problems import ScenarioError
+from marl.scenario.yaml_positions import MAX_BYTES
 from trainers.config import ContinualError, continual_beta, resolve_config  # noqa: F401 - re-exported
 from trainers.policy.actors import SCRIPTED, actor_key, build_actors
 from trainers.policy.adapters import AdapterBaseError, AdapterPolicy, is_adapter_dir, opponent_model
 from trainers.records.fingerprint import model_identity
 from trainers.records.layout import checkpoint_models
+from trainers.records.runfiles import RunFileProblem, figures_problem, read_run_json
 from trainers.team.evaluation import evaluate_team
 
 SCENARIO_FILE = "scenario.json"
 CONTINUAL_FILE = "continual.json"
+RECORD_FIELDS = {"source": str, "overrides": list, "model": str, "lora": bool}  # of scenario.json, as written
+_CONTINUAL_FIX = "restore it, or start a new run with --out NEWDIR (pass --init-from RUN again)"
 
 
 def record_scenario(out: Path, source: str, overrides: list[str], name: str, config) -> None:
@@ -58,13 +62,21 @@ def record_scenario(out: Path, source: str, overrides: list[str], name: str, con
 
 
 def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of a scenario file, read as the loader reads it (a regular file of at most its size bound)."""
+    return hashlib.sha256(read_user_file(path, max_bytes=MAX_BYTES, expected="a scenario YAML file")).hexdigest()
 
 
 def recorded_init_from(out: Path) -> str | None:
-    """The earlier run a continual run in `out` started from (its continual.json), else None."""
+    """The earlier run a continual run in `out` started from (its continual.json), else None; ContinualError
+    (one line) when continual.json cannot be read or names no run (runfiles.py: never a hang or a traceback)."""
     path = Path(out) / CONTINUAL_FILE
-    return json.loads(path.read_text())["init_from"] if path.is_file() else None
+    state = read_run_json(path, missing=None, fix=_CONTINUAL_FIX)
+    if state is None:
+        return None
+    if not isinstance(state.get("init_from"), str) or not state["init_from"]:
+        raise ContinualError(f"{path}: its init_from is not the directory of a run (not as marl writes it); "
+                             f"{_CONTINUAL_FIX}")
+    return state["init_from"]
 
 
 @dataclass
@@ -109,16 +121,22 @@ def open_earlier_run(path: str, scenario, config) -> EarlierRun:
 
 
 def _read_record(run: Path) -> dict:
-    path = run / SCENARIO_FILE
+    """The earlier run's scenario.json, each field of the type marl writes (runfiles.py reads it: a FIFO, bytes
+    that are not JSON, a 5,000-digit integer are one ContinualError line)."""
+    path, fix = run / SCENARIO_FILE, "restore it, or pass another run"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        assert isinstance(record, dict) and {"source", "overrides", "model", "lora"} <= set(record)
+        record = read_run_json(path, fix=fix)
     except FileNotFoundError:
         raise ContinualError(f"--init-from {run}: the run does not record its scenario ({SCENARIO_FILE}, written by "
                              "marl run since continual RL); run it again with this marl") from None
-    except (OSError, ValueError, AssertionError) as error:
-        raise ContinualError(f"--init-from {run}: {path} is unreadable ({error.__class__.__name__}); restore it "
-                             "or pass another run") from None
+    except RunFileProblem as problem:
+        raise ContinualError(f"--init-from {run}: {problem}") from None
+    wrong = next((key for key, kind in RECORD_FIELDS.items() if not isinstance(record.get(key), kind)), None)
+    if wrong is None and not all(isinstance(value, str) for value in record["overrides"]):
+        wrong = "overrides"
+    if wrong is not None or not isinstance(record.get("source_sha256", ""), str):
+        raise ContinualError(f"--init-from {run}: {path}: its {wrong or 'source_sha256'} is missing or not as marl "
+                             f"writes it; {fix}")
     return record
 
 
@@ -285,7 +303,8 @@ class Continual:
     def start(self, out: Path, log=print) -> dict:
         """continual.json at the run's start: the old held-out set measured before any step (kept on a resume)."""
         path = Path(out) / CONTINUAL_FILE
-        state = json.loads(path.read_text()) if path.is_file() else self.state(None)
+        # only the figures measured before the first step are kept from the file: the rest is this run's
+        state = self.state(_recorded_old_before(path))
         if state.get("old_before") is None:  # measured once, before the first step; a resume keeps it
             state["old_before"] = self.evaluate_old()
         write_text_atomically(path, json.dumps(state, indent=2) + "\n")
@@ -303,6 +322,16 @@ class Continual:
             log(f"held-out team success after, old tasks ({state['earlier_scenario']}):  {after:.3f} "
                 f"(forgetting {before - after:+.3f})")
         return state
+
+
+def _recorded_old_before(path: Path) -> dict | None:
+    """continual.json's old_before (the old held-out figures before the first step), None when not measured
+    yet; ContinualError (one line) when the file cannot be read or the figures are not numbers."""
+    state = read_run_json(path, missing={}, fix=_CONTINUAL_FIX)
+    figures = state.get("old_before")
+    if figures is not None and (problem := figures_problem(figures)) is not None:
+        raise ContinualError(f"{path}: old_before: {problem} (not as marl writes it); {_CONTINUAL_FIX}")
+    return figures
 
 
 def attach(earlier: EarlierRun, settings, trainer, log=print) -> Continual:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.files import FileProblem, read_json_file
 from common.model_files import model_folder_problem, shape_problem
 from judges.model.prompted import PairJudgment
 from judges.types import Candidate, Item, Judgment, failed
@@ -89,20 +89,33 @@ def read_metadata(directory: str | Path) -> dict:
     if (problem := model_folder_problem(directory, require_weights=False)) is not None:
         raise RewardModelError(problem)
     path = directory / METADATA_FILE
-    try:
-        metadata = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         raise RewardModelError(f"{directory}: no {METADATA_FILE}, so not a reward model `marl rm train` wrote "
-                               "(a causal LM is not a reward model: train one with `marl rm train --base DIR`)") \
-            from None
-    except (OSError, json.JSONDecodeError) as error:
-        raise RewardModelError(f"{path}: unreadable ({error}); retrain the reward model") from None
-    if not isinstance(metadata, dict) or "tokenizer_sha256" not in metadata:
+                               "(a causal LM is not a reward model: train one with `marl rm train --base DIR`)")
+    try:  # bounded as every user file is: not UTF-8, nested 100,000 deep or a 5,000-digit number is one line
+        metadata = read_json_file(path, max_bytes=1 << 20, expected="the record `marl rm train` writes")
+    except FileProblem as error:
+        raise RewardModelError(f"{error.path}{f':{error.line}' if error.line else ''}: unreadable "
+                               f"({error.reason.split('; ')[0]}); retrain the reward model") from None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("tokenizer_sha256"), str):
         raise RewardModelError(f"{path}: not a reward model record (no tokenizer_sha256); retrain the reward model")
+    if (wrong := _metadata_problem(metadata)) is not None:
+        raise RewardModelError(f"{path}: {wrong}; retrain the reward model")
     if not any(p.suffix == ".safetensors" for p in directory.iterdir()):
         raise RewardModelError(f"{directory}: no weight file (*.safetensors); the directory is incomplete: "
                                "copy it again or retrain the reward model")
     return metadata
+
+
+def _metadata_problem(metadata: dict) -> str | None:
+    """Why the record's numbers cannot be used (a reward center that is not a finite number, a max_length that
+    is not a count of tokens), or None: they become every score and the cut of every answer."""
+    center, length = metadata.get("reward_center", 0.0), metadata.get("max_length")
+    if isinstance(center, bool) or not isinstance(center, int | float) or not math.isfinite(center):
+        return f"its reward_center {str(center)[:40]!r} is not a finite number"
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 1 << 20):
+        return f"its max_length {str(length)[:40]!r} is not a count of tokens (1 to 1,048,576)"
+    return None
 
 
 def check_tokenizer(directory: str | Path, metadata: dict) -> None:
@@ -121,6 +134,9 @@ def reward_model_problem(directory: str | Path) -> str | None:
         check_tokenizer(directory, read_metadata(directory))
     except RewardModelError as error:
         return str(error)
+    except OSError as error:  # a name too long for the file system, a file that fails to read
+        return f"{str(directory)[:200]}: cannot be read ({error.strerror or error}); give a directory written by " \
+               "`marl rm train --out DIR`"
     return None
 
 

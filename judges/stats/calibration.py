@@ -5,9 +5,9 @@
 * `IsotonicCalibrator`: monotone non-parametric map (opt-in, needs ~1000 labels).
 * `HierarchicalCalibrator`: slope shared across domains, fitted on rule-verified gold from
   verifiable domains; per-domain intercept refitted on a few soft-domain gold labels, shrunk towards
-  the verifiable intercept (research report section 3.2).
-* `StyleDebiaser`: removes only the judge's *excess* style slope over the gold slope, in logit space
-  (section 5.5 item 8), with features z-scored within group (e.g. the rollouts of one prompt).
+  the verifiable intercept (partial pooling, as in a hierarchical model).
+* `StyleDebiaser`: removes only the judge's *excess* style slope over the gold slope, in logit space,
+  with features z-scored within group (e.g. the rollouts of one prompt).
 
 Every calibrator records the `judge_id` it was fitted for (backend identity + prompt hash, say),
 the fit's data size and sha256, its parameters and a format version. `apply(..., judge_id=...)`
@@ -167,8 +167,10 @@ class Calibrator:
         data = parse_json_line(path, 1, text)
         try:
             return cls.from_json(data)
-        except (KeyError, TypeError, AttributeError) as error:  # valid JSON, not a calibrator's fields
-            raise ValueError(f"{path}: not a calibrator file ({type(error).__name__}: {error}); fit one with "
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as error:  # not a calibrator's
+            # fields: a parameter that is text, a 400-digit integer (OverflowError as a float), ragged knots
+            message = " ".join(str(error).split())[:120]
+            raise ValueError(f"{path}: not a calibrator file ({type(error).__name__}: {message}); fit one with "
                              "`marl judges calibrate`") from None
 
 

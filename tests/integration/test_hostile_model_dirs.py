@@ -14,6 +14,8 @@ import pytest
 from helpers.bad_models import HOSTILE, broken_model_dir, make_hostile, pickle_marker
 from helpers.cli import one_error_line, run_marl
 from helpers.inprocess import marl_in_process
+from helpers.paths import ROOT
+from helpers.scenario_files import GOOD
 
 EXPECTED = {  # kind -> what its line says
     "truncated": "model.safetensors is ",
@@ -62,6 +64,22 @@ def test_the_pickle_would_run_code_if_it_were_ever_unpickled(hostile, tmp_path):
 def test_rollout_refuses_a_hostile_policy_folder(hostile, kind):
     directory = hostile(kind)
     check_line(marl_in_process("rollout", "relay", "--policy", directory, "--episodes", "1"), directory, kind)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "pickle", "no_tokenizer", "fifo"])  # what the files' headers show
+def test_validate_checks_a_train_model_folder_from_its_headers(hostile, kind):
+    """Torch-free and nothing loaded (the config-against-weights kinds need torch's meta device: at load)."""
+    directory = hostile(kind)
+    line = check_line(marl_in_process("validate", "relay", "--set", f"train.model={directory}"), directory, kind)
+    assert line.startswith(f"{ROOT / 'scenarios' / 'relay.yaml'} (--set train.model):0:0: train.model: "), line
+
+
+def test_validate_checks_an_agents_model_policy_folder(hostile, tmp_path):
+    directory = hostile("pickle")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(GOOD.replace("  - name: a\n", f"  - name: a\n    policy: {directory}\n"))
+    line = check_line(marl_in_process("validate", scenario), directory, "pickle")
+    assert line.startswith(f"{scenario}:") and ": agents.0.policy: " in line, line
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
@@ -135,9 +153,9 @@ def test_judges_report_refuses_a_hostile_reward_model(real_model_dirs, tmp_path,
     result = marl_in_process("judges", "report", "--reward-model", rm, "--items", "examples/judge_items.jsonl",
                              "--out", tmp_path / "reports" / "r.json")
     check_line(result, rm, kind)
-    # the torch-free checks answer before --out's folder is made; a config that does not fit the weights is
-    # found when the model is built, after `marl judges` checked that --out can be written (its folder made)
-    assert kind == "config_mismatch" or not (tmp_path / "reports").exists()
+    # nothing is written on failure: --out is checked without making its folder, which is made only when the
+    # report is written (a config that does not fit the weights is found when the model is built, after that)
+    assert not (tmp_path / "reports").exists()
 
 
 def test_a_failing_template_plays_in_plain_text_with_chat_template_none(hostile):

@@ -13,6 +13,7 @@ scenario's problems (`ScenarioError`) are printed by `main` too, one located lin
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import warnings
@@ -24,6 +25,9 @@ from trainers.judging import DeadJudge, command_ledger, default_cache_path, prob
 from trainers.records.rundir import RunDirectoryError
 from trainers.records.tracking import TrackerError
 from trainers.run import RunError
+
+
+MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4095  # Linux's NAME_MAX, and PATH_MAX less its NUL
 
 
 class UsageError(Exception):
@@ -67,17 +71,33 @@ def training_errors() -> tuple[type[BaseException], ...]:
 
 
 # -- arguments shared by several commands ------------------------------------------------------------------
+def path_value(text: str) -> str:
+    """argparse `type` of every argument that names a file or folder: an empty or blank value (Path('') is the
+    working directory, where a report or an export would land unasked) or one holding a NUL byte (no file can
+    have that name: os.stat raises) is the argument's one-line usage error, exit 2."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty path; give a file or folder path")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("the path holds a NUL byte, which no file name can; give another path")
+    encoded = os.fsencode(text)  # pathlib's exists() raises on a name past the limit (ENAMETOOLONG), not answers
+    if len(encoded) > MAX_PATH_BYTES or max(len(part) for part in encoded.split(b"/")) > MAX_NAME_BYTES:
+        raise argparse.ArgumentTypeError(f"a path of {len(encoded):,} bytes: a file name is at most {MAX_NAME_BYTES} "
+                                         f"bytes and a path {MAX_PATH_BYTES:,}; give a shorter path")
+    return text
+
+
 def add_scenario_arguments(parser) -> None:
     """SCENARIO, --set and --cache-dir: the arguments of every command that builds a scenario's team."""
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file or built-in name (relay, debate, ...)")
+    parser.add_argument("scenario", metavar="SCENARIO", type=path_value,
+                        help="scenario file or built-in name (relay, debate, ...)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. --set train.steps=50 (repeatable)")
-    parser.add_argument("--cache-dir", help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
+    parser.add_argument("--cache-dir", type=path_value, help="tiny-model cache (default $MARL_CACHE or ~/.cache/marl)")
 
 
 def add_play_arguments(parser, episodes: int) -> None:
     """The options shared by commands that play episodes of a scenario with a fixed policy."""
-    parser.add_argument("--policy", default="expert", help="expert, null, random or module:function")
+    parser.add_argument("--policy", default="expert", type=path_value, help="expert, null, random or module:function")
     parser.add_argument("--episodes", type=int, default=DefaultCount(episodes),
                         help=f"episodes to play, one per task: held-out tasks first, then training tasks (default "
                              f"{episodes}, or every task if the scenario has fewer; more than it has is refused)")
@@ -92,7 +112,8 @@ JUDGE_CACHE_HELP = ("where judgments of the scenario's endpoint judges are cache
 
 def add_judge_cache_argument(parser, default: str) -> None:
     """--judge-cache PATH|off, its default described in --help."""
-    parser.add_argument("--judge-cache", metavar="PATH|off", help=JUDGE_CACHE_HELP.format(default=default))
+    parser.add_argument("--judge-cache", metavar="PATH|off", type=path_value,
+                        help=JUDGE_CACHE_HELP.format(default=default))
 
 
 def judge_cache_path(value: str | None, default=None):

@@ -7,7 +7,8 @@ import statistics
 
 from marl.credit.coalitions import episode_credit
 from marl.options import ABSENT_MODES, CREDIT_ESTIMATORS, CREDIT_METHODS, one_of
-from trainers.cli.common import add_judge_cache_argument, add_play_arguments, judge_cache_path, judged, setup_play, usage_errors
+from trainers.cli.common import (add_judge_cache_argument, add_play_arguments, judge_cache_path, judged, path_value,
+                                 setup_play, usage_errors)
 
 CREDIT_FLAGS = ("method", "estimator", "absent", "budget", "rollouts")  # each one is a credit.<flag> override
 
@@ -15,7 +16,7 @@ CREDIT_FLAGS = ("method", "estimator", "absent", "budget", "rollouts")  # each o
 def add_parser(commands) -> None:
     """Register `marl credit FILE`."""
     credit = commands.add_parser("credit", help="per-agent credit of a scenario under a fixed policy")
-    credit.add_argument("file", metavar="FILE", help="scenario file or built-in name")
+    credit.add_argument("file", metavar="FILE", type=path_value, help="scenario file or built-in name")
     add_play_arguments(credit, episodes=10)
     credit.add_argument("--method", help=one_of(CREDIT_METHODS))
     credit.add_argument("--estimator", help=one_of(CREDIT_ESTIMATORS))

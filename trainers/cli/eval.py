@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainers.checkpoint_eval import evaluate_checkpoint, reseat
 from trainers.cli.common import (UsageError, add_judge_cache_argument, add_scenario_arguments, judge_cache_path, judged,
-                                  quiet_libraries, training_errors, usage_errors)
+                                  path_value, quiet_libraries, training_errors, usage_errors)
 from trainers.judging import CACHE_FILE, resolve_local_judges
 from trainers.records.layout import resolve_checkpoint, run_dir_of
 from trainers.team.budgets import budget_table, parse_budgets, write_budget_curve
@@ -30,11 +30,12 @@ def add_parser(commands) -> None:
     """Register `marl eval SCENARIO`."""
     evaluate = commands.add_parser("eval", help="held-out metrics of a checkpoint at temperature 0 (JSON and markdown)")
     add_scenario_arguments(evaluate)
-    evaluate.add_argument("--checkpoint", metavar="DIR",
+    evaluate.add_argument("--checkpoint", metavar="DIR", type=path_value,
                           help="a run directory (its newest checkpoint) or a checkpoints/step-N directory; "
                                "default: the base model")
-    evaluate.add_argument("--out", metavar="DIR", help="where eval.json and eval.md go (default: the run directory, "
-                                                      "else runs/<scenario>-eval)")
+    evaluate.add_argument("--out", metavar="DIR", type=path_value,
+                          help="where eval.json and eval.md go (default: the run directory, "
+                               "else runs/<scenario>-eval)")
     evaluate.add_argument("--tasks", type=int, metavar="N", help="evaluate the first N held-out tasks only")
     evaluate.add_argument("--retries", type=int, default=1, help="retries of a failed task for the pass rate "
                                                                  "(default 1; 0 makes it the first-try success)")

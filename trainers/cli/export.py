@@ -38,7 +38,7 @@ from pathlib import Path
 
 from common.files import write_directory_atomically
 from common.model_files import adapter_folder_problem, model_folder_problem
-from trainers.cli.common import UsageError, quiet_libraries, training_errors, usage_errors
+from trainers.cli.common import UsageError, path_value, quiet_libraries, training_errors, usage_errors
 from trainers.policy.adapters import export_merged, is_adapter_dir, recorded_base_dir
 from trainers.policy.gguf_export import GGUFExportError, export_problem, write_gguf
 from trainers.records.layout import MODEL_FILES, checkpoint_models, resolve_checkpoint
@@ -48,12 +48,14 @@ def add_parser(commands) -> None:
     """Register `marl export PATH --out DIR`."""
     export = commands.add_parser("export", help="write a checkpoint's models to a directory (--merge: LoRA adapters "
                                                 "merged into their base, standalone)")
-    export.add_argument("path", metavar="PATH", help="a run directory, a checkpoints/step-N directory, or one model "
-                                                     "or adapter directory")
-    export.add_argument("--out", required=True, metavar="DIR", help="where the model directories go")
+    export.add_argument("path", metavar="PATH", type=path_value,
+                        help="a run directory, a checkpoints/step-N directory, or one model "
+                             "or adapter directory")
+    export.add_argument("--out", required=True, metavar="DIR", type=path_value, help="where the model directories go")
     export.add_argument("--merge", action="store_true", help="merge LoRA adapters into their base: standalone models")
-    export.add_argument("--base", metavar="DIR", help="the adapters' base model directory (default: the one each "
-                                                      "adapter names)")
+    export.add_argument("--base", metavar="DIR", type=path_value,
+                        help="the adapters' base model directory (default: the one each "
+                             "adapter names)")
     export.add_argument("--gguf", action="store_true", help="write each model as a GGUF file for llama.cpp and Ollama "
                                                             "(an adapter merged into its base first); --out FILE.gguf")
     export.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="--gguf's tensor type (f16: half the "

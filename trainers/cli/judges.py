@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.files import user_file_problem
-from judges.model.cache import JudgeCache
+from judges.model.cache import CacheFileError, JudgeCache
 from judges.model.gguf_source import GGUFError
 from judges.model.local_backend import LocalBackend
 from judges.model.openai_backend import OpenAIBackend
@@ -47,7 +47,7 @@ from judges.workflows import (SIM_BIASES, CalibrationError, NoLogprobsError, Wor
                               calibration_items, read_items, report, simulated_client, write_report)
 
 from marl.scenario.checks import url_problem
-from trainers.cli.common import UsageError, quiet_libraries
+from trainers.cli.common import UsageError, path_value, quiet_libraries
 from trainers.judging import LocalJudgeError, check_local_judge_dir, local_judge_dir
 
 ITEMS_HELP = ('JSONL, one item per line: {"id": "q1", "prompt": "...", "candidates": ["answer 1", "answer 2"], '
@@ -86,8 +86,12 @@ def _check_numbers(args) -> None:
 
 
 def _writable_file(flag: str, value: str) -> Path:
-    """The path `value` given to `flag`, ready to be written: its folder exists (created if missing),
-    is a folder and is writable, and the path itself is not a folder."""
+    """The path `value` given to `flag`, checked to be writable without writing anything (a reward model or
+    an endpoint that then fails leaves no empty folder behind): the path is not a folder, a FIFO or a
+    device, and its nearest existing folder is writable (missing folders are created when the file is
+    written). An empty value or one with a NUL byte is no path."""
+    if not value.strip() or "\0" in value:
+        raise UsageError(f"{flag} {value!r}: not a file path; give one, e.g. {flag} out.json")
     path = Path(value).expanduser()
     if path.is_dir():
         raise UsageError(f"{flag} {value}: is a folder; give a file path, e.g. {flag} {path / 'out.json'}")
@@ -96,12 +100,8 @@ def _writable_file(flag: str, value: str) -> Path:
     blocker = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"{flag} {value}: {blocker} is a file, not a folder; choose another path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"{flag} {value}: cannot create the folder {path.parent}: "
-                            f"{error.strerror or error}") from None
-    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    folder = next(parent for parent in path.absolute().parents if parent.exists())
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"{flag} {value}: not writable (permission denied); choose another path")
     return path
 
@@ -129,8 +129,9 @@ def _open_cache(path: str):
     """The judge cache at `path`, or UsageError when the file is not a usable SQLite database."""
     try:
         return JudgeCache(path)
-    except (sqlite3.Error, OSError) as error:
-        raise UsageError(f"--cache {path}: cannot be used as the response cache ({error}); "
+    except (sqlite3.Error, OSError, CacheFileError) as error:
+        reason = error.reason if isinstance(error, CacheFileError) else error
+        raise UsageError(f"--cache {path}: cannot be used as the response cache ({reason}); "
                             "give a new file path or delete it") from None
 
 
@@ -292,6 +293,7 @@ def calibrate_command(args) -> int:
         judge = build_judge(args, items)
         try:
             result = calibrate(items, judge, method=args.method, pointwise=bool(args.reward_model))
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # checked, not made, before the calls
             result.calibrator.save(args.out)
         except CalibrationError as error:  # too few pairs judged (no cause), or the fit failed
             print(f"marl: error: {error}{'' if error.__cause__ else ', nothing written'}", file=sys.stderr)
@@ -331,17 +333,20 @@ def add_parser(commands) -> None:
                             ("calibrate", "fit a calibrator on gold-labelled pairs")):
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-        parser.add_argument("--reward-model", metavar="RM_DIR", help="judge with a reward model `marl rm train` "
-                                                                     "wrote (pairwise verdicts from reward differences)")
-        parser.add_argument("--local-model", metavar="MODEL", help="judge with a local model: a Hugging Face "
-                                                                   "directory, a .gguf file or smollm2-135m-instruct "
+        parser.add_argument("--reward-model", metavar="RM_DIR", type=path_value,
+                            help="judge with a reward model `marl rm train` "
+                                 "wrote (pairwise verdicts from reward differences)")
+        parser.add_argument("--local-model", metavar="MODEL", type=path_value,
+                            help="judge with a local model: a Hugging Face "
+                                 "directory, a .gguf file or smollm2-135m-instruct "
                                                                    "(converted once; runs on the CPU, no cache)")
         parser.add_argument("--model", default="sim", help="model name the endpoint serves")
         parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
-        parser.add_argument("--items", required=True, metavar="FILE.jsonl", help=ITEMS_HELP)
-        parser.add_argument("--gold", help="optional JSONL of {id, gold} lines")
-        parser.add_argument("--out", required=True, help="report JSON / calibrator JSON to write")
-        parser.add_argument("--cache", default="~/.cache/marl/judges.sqlite", help="response cache (SQLite)")
+        parser.add_argument("--items", required=True, metavar="FILE.jsonl", type=path_value, help=ITEMS_HELP)
+        parser.add_argument("--gold", type=path_value, help="optional JSONL of {id, gold} lines")
+        parser.add_argument("--out", required=True, type=path_value, help="report JSON / calibrator JSON to write")
+        parser.add_argument("--cache", default="~/.cache/marl/judges.sqlite", type=path_value,
+                            help="response cache (SQLite)")
         parser.add_argument("--concurrency", type=int, default=8)
         parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
         parser.add_argument("--retries", type=int, default=4)
@@ -357,7 +362,7 @@ def add_parser(commands) -> None:
                                  "master_key=4 (repeatable)")
         parser.add_argument("--seed", type=int, default=0)
         if name == "report":
-            parser.add_argument("--markdown", help="also write a markdown summary here")
+            parser.add_argument("--markdown", type=path_value, help="also write a markdown summary here")
             parser.add_argument("--per-kind", type=int, default=100, help="probes per kind")
             parser.add_argument("--judge-name", help="name used by the self-attribution probe (default --model)")
             parser.add_argument("--strict", action="store_true", help="exit 1 when a threshold fails")

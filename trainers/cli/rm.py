@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from judges.model.reward_model import RewardModelError
 from marl.options import TRACKERS
-from trainers.cli.common import UsageError, quiet_libraries, usage_errors
+from trainers.cli.common import UsageError, path_value, quiet_libraries, usage_errors
 from trainers.policy.gguf import GGUFError, resolve_model_dir
 from trainers.reward.pairs import PairsError, read_pairs
 
@@ -30,10 +30,12 @@ def add_parser(commands) -> None:
     rm.set_defaults(handler=run)
     sub = rm.add_subparsers(dest="rm_command", required=True)
     train = sub.add_parser("train", help="train a Bradley-Terry reward model (a scalar head on a causal LM)")
-    train.add_argument("--pairs", required=True, help='JSONL of {"prompt", "chosen", "rejected"} lines')
-    train.add_argument("--base", required=True, metavar="MODEL_DIR", help="a Hugging Face causal LM directory, a .gguf file or "
-                                                                         "smollm2-135m-instruct (converted once)")
-    train.add_argument("--out", required=True, metavar="RM_DIR", help="where the reward model goes")
+    train.add_argument("--pairs", required=True, type=path_value,
+                       help='JSONL of {"prompt", "chosen", "rejected"} lines')
+    train.add_argument("--base", required=True, metavar="MODEL_DIR", type=path_value,
+                       help="a Hugging Face causal LM directory, a .gguf file or "
+                            "smollm2-135m-instruct (converted once)")
+    train.add_argument("--out", required=True, metavar="RM_DIR", type=path_value, help="where the reward model goes")
     train.add_argument("--epochs", type=int, default=1, help="passes over the training pairs (default 1); 0: no "
                                                              "training, the base with its seeded untrained head")
     train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate, linear decay to 0 (default 1e-4)")

@@ -20,7 +20,7 @@ from common.text import printable
 from judges.model.gguf_source import is_gguf_source
 from marl.credit.coalitions import episode_credit
 from trainers.cli.common import (UsageError, add_judge_cache_argument, add_play_arguments, judge_cache_path, judged,
-                                 quiet_libraries, setup_play, usage_errors)
+                                 path_value, quiet_libraries, setup_play, usage_errors)
 from trainers.policy.actors import ModelActor
 from trainers.policy.adapters import is_adapter_dir, load_adapter_dir
 from trainers.policy.gguf import resolve_model_dir
@@ -29,15 +29,17 @@ from trainers.policy.gguf import resolve_model_dir
 def add_parser(commands) -> None:
     """Register `marl rollout FILE`."""
     rollout = commands.add_parser("rollout", help="play episodes of a scenario with a fixed policy")
-    rollout.add_argument("file", metavar="FILE", help="scenario file or built-in name (relay, weather, ...)")
+    rollout.add_argument("file", metavar="FILE", type=path_value,
+                         help="scenario file or built-in name (relay, weather, ...)")
     add_play_arguments(rollout, episodes=3)
     for action in rollout._actions:  # rollout also takes a model directory (the shared help says scripted only)
         if action.dest == "policy":
             action.help = ("expert, null, random, module:function, or a model directory (a Hugging Face causal LM, "
                            "e.g. a checkpoint's model/, a .gguf file or smollm2-135m-instruct; it plays every "
                            "agent at temperature 0)")
-    rollout.add_argument("--base", metavar="DIR", help="with --policy ADAPTER_DIR: its base model directory (default: "
-                                                       "the one the adapter names)")
+    rollout.add_argument("--base", metavar="DIR", type=path_value,
+                         help="with --policy ADAPTER_DIR: its base model directory (default: "
+                              "the one the adapter names)")
     rollout.add_argument("--quiet", action="store_true", help="print only the summary line")
     rollout.add_argument("--credit", action="store_true", help="also print each agent's credit (scenario's credit section)")
     add_judge_cache_argument(rollout, "$MARL_CACHE/judge_cache.sqlite (~/.cache/marl), shared with marl credit")

@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from marl.options import TRACKERS
-from trainers.cli.common import add_scenario_arguments, quiet_libraries, training_errors, usage_errors
+from trainers.cli.common import add_scenario_arguments, path_value, quiet_libraries, training_errors, usage_errors
 from trainers.config import settings_help
 from trainers.run import RunOptions, run_scenario
 
@@ -35,10 +35,10 @@ def add_parser(commands) -> None:
         "run", help="train a team of agents on a scenario (stages, credit, report)",
         epilog=settings_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_arguments(run_parser)
-    run_parser.add_argument("--out", help="run directory (default runs/<scenario name>-<date>-<time>)")
+    run_parser.add_argument("--out", type=path_value, help="run directory (default runs/<scenario name>-<date>-<time>)")
     run_parser.add_argument("--resume", action="store_true",
                             help="continue the run in --out from its last checkpoint (same scenario and --set)")
-    run_parser.add_argument("--init-from", metavar="RUN_DIR",
+    run_parser.add_argument("--init-from", metavar="RUN_DIR", type=path_value,
                             help="continual RL: start from a finished run's policies (its tokenizer and adapters "
                                  "too), with train.continual.replay (a share of steps replaying its scenario's "
                                  "tasks) and train.continual.kl (a KL to its policy); both held-out sets are "

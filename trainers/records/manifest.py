@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
 from pathlib import Path
 
-from common.files import write_text_atomically
+from common.files import FileProblem, read_json_file, write_text_atomically
+from trainers.records.runfiles import what_is_wrong
 
 MANIFEST = "manifest.json"
 VERSION = 1
 CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 64 << 20  # about 100 bytes an entry: a checkpoint of 600,000 files
 
 
 def file_sha256(path: Path) -> str:
@@ -49,18 +52,27 @@ def manifest_problem(directory: Path, full: bool = True) -> str | None:
     by an older marl) is not checked here. The answer names the first bad file and how it is bad.
     """
     path = Path(directory) / MANIFEST
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link is a manifest that cannot be read, not a missing one
         return None
-    try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
-        entries = [(name, int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+    try:  # read as every user file is: a FIFO or a link to /dev/zero here must not hang the check
+        files = read_json_file(path, max_bytes=MAX_MANIFEST_BYTES, expected="a JSON file")["files"]
+        entries = [(name, _size(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()]
+    except FileProblem as problem:
+        return f"{MANIFEST}: {what_is_wrong(problem.reason)}"
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         return f"{MANIFEST} is unreadable ({error.__class__.__name__})"
     for name, size, sha in entries:
         problem = _file_problem(Path(directory), name, size, sha, full)
         if problem:
             return problem
     return None
+
+
+def _size(value) -> int:
+    """A manifest entry's byte count: an integer (json's own bound on digits applies), never a float or text."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("a size that is not a count of bytes")
+    return value
 
 
 def _file_problem(directory: Path, name: str, size: int, sha: str, full: bool) -> str | None:

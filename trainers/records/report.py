@@ -10,7 +10,6 @@ importing this module is cheap and no global pyplot backend is touched.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_file, write_text_atomically
+from trainers.records.runfiles import read_run_rows
 
 STEP_KEY = "train/step"
 ROLLING_WINDOW = 5
@@ -55,18 +55,13 @@ Series = tuple[list[float], list[float]]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of a `metrics.jsonl` that carry `train/step`; unparsable lines (a torn tail) are skipped."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)  # also accepts the NaN literal older writers emit
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and _is_number(row.get(STEP_KEY)):
-            rows.append(row)
-    return rows
+    """Rows of a `metrics.jsonl` that carry `train/step`; lines that are not JSON (a torn tail) are skipped.
+    Read as every file of a run folder is (trainers/records/runfiles.py): a FIFO, a device, bytes that are not
+    UTF-8 or a line nested too deep is a RunFileProblem (one line), never a hang or a traceback."""
+    if not Path(path).exists():
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    _, rows = read_run_rows(path)
+    return [row for _, row in rows if _is_number(row.get(STEP_KEY))]
 
 
 def truncate_metrics(path: Path, steps_done: int) -> None:
@@ -87,16 +82,8 @@ def truncate_tables(tables_dir: Path, steps_done: int) -> None:
 def _keep_lines(path: Path, keep) -> None:
     """Rewrite `path` (atomically) with the JSON-object lines `keep(row)` accepts; unparsable lines
     (a torn tail) go. Nothing is written when every line stays."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    kept = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and keep(row):
-            kept.append(line + "\n")
-    new = "".join(kept)
+    text, rows = read_run_rows(path)
+    new = "".join(line + "\n" for line, row in rows if keep(row))
     if new != text:
         write_text_atomically(path, new)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -24,8 +25,10 @@ from pathlib import Path
 
 from common.files import write_text_atomically
 from trainers.records.interrupted import remove_leftovers
+from trainers.records.runfiles import RESTORE, RunFileProblem, read_run_json
 
 STATE_FILE = "run.json"
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a W&B run id as run.json may hold it (marl writes 8 hex digits)
 # everything a run writes into its directory (a run that stopped before its first checkpoint leaves some)
 RUN_FILES = ("metrics.jsonl", "tables", "before.json", "warmup.json", "after.json", "summary.json", "report.md",
              "plots", "checkpoints", "wandb", "scenario.json", "continual.json", STATE_FILE)
@@ -80,8 +83,20 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def check_folder_path(out: Path) -> None:
+    """RunDirectoryError when a file, a FIFO or a device stands where the run directory or one of its parents
+    should be (named as such, not as 'not writable'); nothing is created, so a run checks it before any work."""
+    out = Path(out)
+    blocker = next((path for path in (out, *out.parents) if path.exists() and not path.is_dir()), None)
+    if blocker is not None:
+        where = " is" if blocker == out else f": {blocker} is"
+        raise RunDirectoryError(f"run directory {out}{where} a file, not a folder; pass --out with a folder path (a "
+                                "new one, or the run directory to continue with --resume)")
+
+
 def ensure_writable(out: Path) -> None:
     """Create `out` if needed and prove a file can be created in it; RunDirectoryError otherwise."""
+    check_folder_path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".marl-write-test.", dir=out)
@@ -105,15 +120,18 @@ def wandb_run_id(out: Path, step: int) -> str:
 
 
 def _read_state(path: Path) -> dict:
+    """run.json ({} before the first start), read as every file of a run folder is (runfiles.py): a FIFO, a
+    link to /dev/zero, bytes that are not UTF-8 or JSON, a 5,000-digit integer are one line, never a hang."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as error:
-        raise RunDirectoryError(f"{path} is unreadable ({error}); restore it or start a new run with "
-                                "--out NEWDIR") from None
-    if not isinstance(state, dict) or not isinstance(state.get("wandb_run_id", ""), str):
-        raise RunDirectoryError(f"{path} is not a marl run state file; start a new run with --out NEWDIR")
+        state = read_run_json(path, missing={})
+    except RunFileProblem as error:
+        raise RunDirectoryError(str(error)) from None
+    starts, run_id = state.get("starts", []), state.get("wandb_run_id", "0")
+    # the id names W&B's offline folders, which a resume globs and removes: letters, digits, - and _ only
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or not isinstance(starts, list) \
+            or not all(isinstance(start, dict) for start in starts):
+        raise RunDirectoryError(f"{path} is not a marl run state file (its wandb_run_id or starts are not as marl "
+                                f"writes them); {RESTORE}")
     return state
 
 

@@ -22,6 +22,7 @@ from judges.strict_json import plain
 from marl.options import TRACKERS as TRACKER_KINDS
 from trainers.records.report import STEP_KEY
 from trainers.records.rundir import wandb_run_id
+from trainers.records.runfiles import read_run_json, read_run_rows
 
 # (glob, step metric): every namespace is plotted against its own loop's step key.
 STEP_METRICS = (
@@ -302,25 +303,14 @@ class WandbTracker(Tracker):
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """The JSON-object lines of a mirror file (none when it is missing; a torn line is skipped)."""
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+    """The JSON-object lines of a mirror file (none when it is missing; a torn line is skipped); read as every
+    file of a run folder is (trainers/records/runfiles.py: a FIFO or a hostile line is one line, exit 2)."""
+    return [row for _, row in read_run_rows(path)[1]] if os.path.lexists(path) else []
 
 
 def _read_json_object(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    """The mirror's summary.json ({} when there is none)."""
+    return read_run_json(path, missing={})
 
 
 def _read_mirror_tables(tables_dir: Path) -> dict[str, tuple[list[str], list[list[Any]]]]:

@@ -228,7 +228,8 @@ def check_config(config: RewardTrainConfig) -> None:
               ("--batch-size", config.batch_size, 1, 4096, "a step scores 2 x batch-size answers in one forward"),
               ("--log-every", config.log_every, 1, None, ""), ("--threads", config.threads, 1, 1024,
                                                                "more threads than any machine has cores"),
-              ("--lora-r", config.lora_r, 0, 4096, "a rank past the model's width adds nothing")]
+              ("--lora-r", config.lora_r, 0, 4096, "a rank past the model's width adds nothing"),
+              ("--seed", config.seed, 0, 2**32 - 1, "a seed is a 32-bit number: torch's generator takes no more")]
     for flag, value, low, high, why in checks:
         shown = str(value) if len(str(value)) <= 40 else f"{str(value)[:40]}..."  # a 4,000-digit --epochs is cut
         if value < low:

@@ -1,5 +1,5 @@
 """Calibrators: closed-form and oracle checks, JSON round-trips, judge binding (T0), and the
-debiasing targets of research report section 6.1 on synthetic judges (T2).
+debiasing targets on synthetic judges (T2).
 
 Targets are asserted on means over fixed seeds; the comments give the values measured here and
 the margins were checked to be >= 3 standard errors.
@@ -300,6 +300,13 @@ def test_saved_calibrators_are_strict_json_and_a_diverged_fit_is_not_written(tmp
     ("[" * 100_000 + "]" * 100_000, r"cal\.json:1: JSON nested more than 100 levels deep"),
     ('{"format_version": 1, "kind": "platt"}', r"cal\.json: not a calibrator file \(KeyError: 'params'\); fit one"),
     ("[1, 2]", r"cal\.json: not a calibrator file \(AttributeError"),
+    # a parameter that passes the digit bound but no float holds, text, ragged knots: each was a traceback
+    ('{"format_version": 1, "kind": "platt", "judge_id": "j", "n_fit": 3, "data_sha256": "x", "params": '
+     '{"intercept": 1' + "0" * 400 + ', "slope": 1.0, "stderr": [0.0, 0.0]}}', r"\(OverflowError: int too large"),
+    ('{"format_version": 1, "kind": "platt", "judge_id": "j", "n_fit": 3, "data_sha256": "x", "params": '
+     '{"intercept": "abc", "slope": 1.0, "stderr": [0.0, 0.0]}}', r"\(ValueError: could not convert string"),
+    ('{"format_version": 1, "kind": "isotonic", "judge_id": "j", "n_fit": 3, "data_sha256": "x", "params": '
+     '{"knots_x": [[1], [2, 3]], "knots_y": [1]}}', r"cal\.json: not a calibrator file \(ValueError: setting an"),
 ])
 def test_a_hostile_calibrator_file_is_one_value_error_naming_it(tmp_path, text, message):
     path = tmp_path / "cal.json"
