@@ -50,7 +50,10 @@ def _changed(before: dict, after: dict) -> bool:
 def test_two_step_run_trains_every_policy_and_logs_to_wandb(demo_model_dir, tmp_path, monkeypatch):
     from helpers.wandb_reader import read_offline_run, table_rows
 
+    import wandb
+
     monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.teardown()  # a W&B session an earlier test of this worker started keeps its settings (its mode, its dirs)
     with_signal(monkeypatch)  # a reward spread in every group, whatever the tiny model samples: both policies update
     out = tmp_path / "run"
     code = main(["run", "relay", *_settings("train.steps=2", "agents.0.policy=own"), "--out", str(out),

@@ -38,18 +38,6 @@ SERVER = textwrap.dedent("""
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc (Linux)")
 
 
-@pytest.fixture(scope="module")
-def micro_dir(tmp_path_factory):
-    """A saved micro character model (one token per character)."""
-    from helpers.char_model import micro_char_llama
-
-    model, tokenizer = micro_char_llama(seed=3)
-    directory = tmp_path_factory.mktemp("served") / "micro"
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def limited(soft: int, hard: int):
     """A preexec_fn setting the child's RLIMIT_NOFILE."""
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -17,18 +17,6 @@ import pytest
 CLIENT_TIMEOUT = 60  # seconds a test waits on the server: generous, never what a test measures
 
 
-@pytest.fixture(scope="module")
-def micro_dir(tmp_path_factory):
-    """A saved micro character model (one token per character, a context of 32 tokens)."""
-    from helpers.char_model import micro_char_llama
-
-    model, tokenizer = micro_char_llama(seed=3)
-    directory = tmp_path_factory.mktemp("served") / "micro"
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 @contextlib.contextmanager
 def serving(micro_dir, **limits):
     """(port, server) of a live server with these ServeLimits, shut down afterwards."""
