@@ -11,6 +11,7 @@ import sqlite3
 
 import pytest
 
+from helpers.special_files import make_special
 from judges.model.backend import ChatRequest, ChatResponse
 from judges.model.cache import CacheFileError, CacheMiss, JudgeCache
 
@@ -58,23 +59,14 @@ def test_a_hostile_row_is_a_miss_asked_again_and_deleted(tmp_path, kind):
     assert cache.store(REQUEST, "b", GOOD) and cache.lookup(REQUEST, "b").text == "[[A]]"
 
 
-def _special(path, kind: str) -> None:
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev_zero":
-        os.symlink("/dev/zero", path)
-    elif kind == "folder":
-        path.mkdir()
-
-
 FILES = {  # how the file is made -> the reason in the line
     "text": (lambda p: p.write_text("not SQLite\n" * 10), "file is not a database"),
-    "fifo": (lambda p: _special(p, "fifo"), "c.sqlite is a named pipe (FIFO), not a regular file"),
-    "dev_zero": (lambda p: _special(p, "dev_zero"), "c.sqlite is a character device, not a regular file"),
-    "folder": (lambda p: _special(p, "folder"), "c.sqlite is a folder, not a regular file"),
-    "wal_fifo": (lambda p: (JudgeCache(p).close(), _special(p.with_name("c.sqlite-wal"), "fifo")),
+    "fifo": (lambda p: make_special(p, "fifo"), "c.sqlite is a named pipe (FIFO), not a regular file"),
+    "dev_zero": (lambda p: make_special(p, "dev_zero"), "c.sqlite is a character device, not a regular file"),
+    "folder": (lambda p: make_special(p, "folder"), "c.sqlite is a folder, not a regular file"),
+    "wal_fifo": (lambda p: (JudgeCache(p).close(), make_special(p.with_name("c.sqlite-wal"), "fifo")),
                  "c.sqlite-wal is a named pipe (FIFO)"),
-    "shm_zero": (lambda p: (JudgeCache(p).close(), _special(p.with_name("c.sqlite-shm"), "dev_zero")),
+    "shm_zero": (lambda p: (JudgeCache(p).close(), make_special(p.with_name("c.sqlite-shm"), "dev_zero")),
                  "c.sqlite-shm is a character device"),
     "other_table": (lambda p: sqlite3.connect(p).execute("CREATE TABLE responses (a, b)").connection.commit(),
                     "its responses table is not a judge cache's"),

@@ -4,10 +4,10 @@ continual.json, scenario.json, a manifest, metrics.jsonl or a table are one line
 and the fix, never a hang or a traceback; a row torn by a crash is still skipped."""
 
 import json
-import os
 
 import pytest
 
+from helpers.special_files import SPECIAL_KINDS, make_special
 from trainers.config import ContinualError
 from trainers.continual import recorded_init_from
 from trainers.records.manifest import manifest_problem
@@ -24,12 +24,8 @@ DEVICE = "is a character device, not a regular file (a device such as /dev/zero 
 
 def _hostile(path, kind: str) -> None:
     """Make `path` a hostile file of `kind` (its good content would be one JSON object)."""
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev_zero":
-        os.symlink("/dev/zero", path)
-    elif kind == "folder":
-        path.mkdir()
+    if kind in SPECIAL_KINDS:
+        make_special(path, kind)
     else:
         path.write_bytes({"latin1": b'{"a": "caf\xe9"}', "big_int": f'{{"a": {BIG}}}'.encode(), "deep": DEEP.encode(),
                           "truncated": b'{"a": 1, "b', "array": b"[1, 2]"}[kind])
