@@ -57,16 +57,18 @@ def _null_seat_scores(name: str) -> list[float]:
 
 
 GAMES_OF_CHANCE = {"kuhn_poker"}  # the expert's hands are won and lost by the cards: tests/marl/scenario/test_kuhn_poker.py
+EXPERT_FLOOR = {"negotiation": 0.5}  # two experts agree on the efficient split, which scores 0.5 for each by design
 
 
 @pytest.mark.parametrize("name", [name for name in SCENARIOS if name not in GAMES_OF_CHANCE])
 def test_rewards_discriminate_expert_from_null(name):
-    """The expert scores >= 0.95; the null policy about 0 (cooperative: the whole team null; competitive:
-    one null seat against the expert, since a game can hand the other seat a win by forfeit)."""
+    """The expert scores >= 0.95 (negotiation: its fair deal, 0.5); the null policy about 0 (cooperative:
+    the whole team null; competitive: one null seat against the expert, since a game can hand the other
+    seat a win by forfeit)."""
     competitive = load_scenario(name).spec.mode != "cooperative"
     expert, null = _scores(name, "expert"), _null_seat_scores(name) if competitive else _scores(name, "null")
     assert not any(math.isnan(s) for s in expert + null)
-    assert statistics.fmean(expert) >= 0.95, expert
+    assert statistics.fmean(expert) >= EXPERT_FLOOR.get(name, 0.95), expert
     assert statistics.fmean(null) <= 0.05, null
 
 
