@@ -23,12 +23,13 @@ from trainers.policy.prompts import (TurnStyle, agent_styles, context_problem, d
 from trainers.team.metrics import TurnGuards
 
 ROLE = "Debate: check the claim, argue, end with ANSWER: <number>."
+TURNS = ["graph.order=round_robin", "graph.schedule=null"]  # one debater a turn: these tests count turns
 SMALL = ["train.prompts_per_step=2", "train.group_size=2", "tasks.count=20", "tasks.eval_count=2"]
 
 
 def _debate_observations(message: str, turns: int = 4) -> list[str]:
     """debater_a's observation at each of its turns when both debaters keep saying `message`."""
-    env = marl.make_env("debate")
+    env = marl.make_env(load_scenario("debate", TURNS))
     observations, _ = env.reset(seed=0)
     seen = []
     while env.agents:
@@ -42,7 +43,7 @@ def _debate_observations(message: str, turns: int = 4) -> list[str]:
 
 def test_a_long_observation_keeps_its_head_and_tail_and_drops_the_middle():
     messages = [f"argument {i}: " + "the train runs far. " * 14 for i in range(4)]
-    env = marl.make_env("debate")
+    env = marl.make_env(load_scenario("debate", TURNS))
     observations, _ = env.reset(seed=0)
     head = f"{ROLE}\n{env.task.prompt}\n"
     for index in range(4):
@@ -58,7 +59,7 @@ def test_a_long_observation_keeps_its_head_and_tail_and_drops_the_middle():
 
 def test_an_observation_that_fits_is_exactly_the_templates_text():
     first = _debate_observations("short")[0]
-    env = marl.make_env("debate")
+    env = marl.make_env(load_scenario("debate", TURNS))
     env.reset(seed=0)
     assert first == f"{ROLE}\n{env.task.prompt}\n" and CUT_MARK not in first
 
