@@ -5,6 +5,7 @@
     verdict.py         the verdict modes: text (MT-Bench) or logprobs (labels read from one token's probabilities)
     backend.py         the contract between judges and whatever answers their prompts
     openai_backend.py  any OpenAI-compatible endpoint (the only openai import)
+    openai_wire.py     its wire: the response size cap, error classification, response parsing
     local_backend.py   a local transformers model
     simulated.py       a simulated judge shaped like openai.AsyncOpenAI, for tests and benches
     cache.py           a content-addressed on-disk cache of responses

@@ -15,7 +15,8 @@ from helpers.judge_server import JudgeServer, write_judged_relay
 from helpers.paths import SCENARIOS
 from judges.model.backend import ChatRequest
 from judges.model.ledger import JudgeLedger
-from judges.model.openai_backend import ERROR_CHARS, OpenAIBackend, run_sync
+from judges.model.openai_backend import OpenAIBackend, run_sync
+from judges.model.openai_wire import ERROR_CHARS
 
 HOSTILE = "\x1b[2J\x1b[H\x1b[31m\x1b]0;pwned\x07boom\r\n" + "A" * 100_000 + "\x1b[0m\n"
 REQUEST = ChatRequest(messages=({"role": "user", "content": "Which answer is better?"},))

@@ -15,7 +15,8 @@ import pytest
 from helpers.judge_server import JudgeServer
 from judges.model.backend import ChatRequest
 from judges.model.cache import CacheMiss, JudgeCache
-from judges.model.openai_backend import OpenAIBackend, TokenBucket, classify_error, parse_retry_after, run_sync
+from judges.model.openai_backend import OpenAIBackend, TokenBucket, run_sync
+from judges.model.openai_wire import classify_error, parse_retry_after
 from judges.model.simulated import (SELF_MARKER, SimulatedAPIError, SimulatedClient, escape_answer, listwise_prompt,
                               parse_pairwise_prompt, parse_pointwise_prompt, pairwise_prompt, pointwise_prompt,
                               style_features)
