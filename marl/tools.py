@@ -53,6 +53,7 @@ from typing import Any
 from common.imports import resolve_callable as load_tool  # noqa: F401 - re-exported
 from judges.types import ToolCallRecord
 from marl.tool_host import run_tool
+from marl.tool_syntax import ArgError, Bare, bind_arguments, loads_lenient, scan, split_call_args, tool_key
 from marl.tool_process import DEFAULT_MEMORY_MB, clip_text
 
 _NAME_KEYS = ("tool", "tool_name", "name", "function")
@@ -61,23 +62,7 @@ _CALL_RE = re.compile(r"(?<![\w\-])([A-Za-z_][\w\-]*)[ \t]*\(")
 _MARKED_RE = re.compile(r"(?:\bCALL\b\s*:?|(?i:<tool(?:_call)?>))\s*$")
 _JSON_KEY_RE = re.compile(r"""["']?(?:tool|tool_name|name|function)["']?\s*:""", re.I)
 _JSON_HEAD_RE = re.compile(r"""\{\s*["']?(tool|tool_name|name|function)["']?\s*:\s*["']?([\w\-]+)""", re.I)
-_STRING_RE = {'"': re.compile(r'"(?:[^"\\]|\\.)*"', re.S), "'": re.compile(r"'(?:[^'\\]|\\.)*'", re.S)}
-_SPECIAL_RE = re.compile(r"[\"'()\[\]{},]")
-_NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_INT_RE = re.compile(r"[-+]?\d+")
-_KEYWORD_RE = re.compile(r"\s*([A-Za-z_][\w\-]*)\s*(=(?!=)|:)\s*(.*)\Z", re.S)
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "0": "\0"}
-_LITERALS = {"true": True, "false": False, "null": None, "none": None}
-_PAIRS = {"(": ")", "[": "]", "{": "}"}
 _MAX_ATTEMPTS = 256  # bracket scans per parse: bounds the work on adversarial text
-
-
-class _ArgError(ValueError):
-    """A tool call whose arguments are broken (becomes `ParsedCall.error`)."""
-
-
-class _Bare(str):
-    """An unquoted value from call syntax: text for string parameters, a literal otherwise."""
 
 
 @dataclass(frozen=True)
@@ -141,244 +126,6 @@ class ParsedCall:
         return self.error is None
 
 
-def _key(name: str) -> str:
-    return name.strip().lower().replace("-", "_")
-
-
-def _string_end(text: str, i: int, limit: int | None = None) -> int | None:
-    """Index after the string literal opening at text[i] (a quote), or None when unterminated."""
-    match = _STRING_RE[text[i]].match(text, i, len(text) if limit is None else limit)
-    return match.end() if match else None
-
-
-def _opens_string(text: str, i: int) -> bool:
-    """A quote opens a string only where a value can start (so apostrophes in words stay text)."""
-    j = i - 1
-    while j >= 0 and text[j].isspace():
-        j -= 1
-    return j < 0 or text[j] in "([{,=:"
-
-
-def _scan(text: str, start: int, limit: int, split: bool = False) -> tuple[int | None, str, list[int]]:
-    """Match the bracket at text[start]: (end or None, failure reason, top-level comma positions)."""
-    stack, commas, j = [], [], start
-    while (m := _SPECIAL_RE.search(text, j, limit)) is not None:
-        j, c = m.start(), m.group()
-        if c in "\"'" and _opens_string(text, j):
-            end = _string_end(text, j, limit)
-            if end is None:
-                return None, "unterminated string", commas
-            j = end
-            continue
-        if c in _PAIRS:
-            stack.append(_PAIRS[c])
-        elif c in ")]}":
-            if not stack or c != stack[-1]:
-                return None, f"mismatched '{c}'", commas
-            stack.pop()
-            if not stack:
-                return j + 1, "", commas
-        elif c == "," and split and len(stack) == 1:
-            commas.append(j)
-        j += 1
-    return None, f"unbalanced brackets: missing {''.join(reversed(stack))[:8]!r}", commas
-
-
-def _unescape(body: str) -> str:
-    """Undo backslash escapes (\\n, \\', \\uXXXX, ...); unknown escapes are kept as written."""
-    def one(m: re.Match) -> str:
-        c = m.group(1)
-        if len(c) == 5:
-            return chr(int(c[1:], 16))
-        return _ESCAPES.get(c, c if c in "\\'\"/" else m.group(0))
-    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", one, body, flags=re.S)
-
-
-def _decode_string(literal: str) -> str:
-    """The value of a quoted literal ("..." JSON-style or '...' Python-style)."""
-    if literal[0] == '"':
-        try:
-            return json.loads(literal, strict=False)
-        except ValueError:
-            pass
-    return _unescape(literal[1:-1])
-
-
-def _bare_literal(token: str) -> Any:
-    """`12` -> 12, `2.5` -> 2.5, `true`/`True` -> True, `null`/`None` -> None, anything else: the text."""
-    if token.lower() in _LITERALS:
-        return _LITERALS[token.lower()]
-    if _INT_RE.fullmatch(token):
-        return int(token)
-    if _NUMBER_RE.fullmatch(token):
-        return float(token)
-    return str(token)
-
-
-def _normalise_json(s: str) -> str:
-    """Rewrite relaxed JSON (single quotes, trailing commas, bare keys/words) as strict JSON."""
-    out: list[str] = []
-    i, n = 0, len(s)
-    while i < n:
-        c = s[i]
-        if c in "\"'" and _opens_string(s, i):
-            end = _string_end(s, i)
-            if end is None:
-                raise ValueError("unterminated string")
-            out.append(json.dumps(_decode_string(s[i:end]), ensure_ascii=False))
-            i = end
-        elif c in "{}[],:" or c.isspace():
-            if c in "}]":
-                while out and (out[-1].isspace() or out[-1] == ","):
-                    out.pop()
-            out.append(c)
-            i += 1
-        else:
-            j = i
-            while j < n and s[j] not in "{}[],:" and not (s[j] in "\"'" and _opens_string(s, j)):
-                j += 1
-            token = s[i:j].strip()
-            out.append(json.dumps(_bare_literal(token), ensure_ascii=False))
-            i = j
-    return "".join(out)
-
-
-def _loads(s: str) -> Any:
-    """Parse strict or relaxed JSON; ValueError when neither works."""
-    try:
-        return json.loads(s, strict=False)
-    except ValueError:
-        pass
-    except RecursionError:
-        raise ValueError("not valid JSON (nested too deeply)") from None
-    try:
-        return json.loads(_normalise_json(s), strict=False)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
-
-
-def _parse_value(raw: str) -> Any:
-    """One argument value from call syntax: a quoted string, JSON, or a bare value (kept as `_Bare`)."""
-    s = raw.strip()
-    if not s:
-        raise _ArgError("empty argument")
-    if s[0] in "\"'":
-        end = _string_end(s, 0)
-        if end is None:
-            raise _ArgError(f"unterminated string {s[:40]!r}")
-        if end != len(s):
-            raise _ArgError(f"unexpected text after string: {s[:40]!r}")
-        return _decode_string(s)
-    if s[0] in "{[":
-        try:
-            return _loads(s)
-        except ValueError as exc:
-            raise _ArgError(f"argument {s[:40]!r} is {exc}") from None
-    return _Bare(s)
-
-
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict), "null": lambda v: v is None,
-}
-
-
-def _coerce_one(value: Any, kind: str) -> Any:
-    """`value` as JSON type `kind` when that is safe; raises _ArgError otherwise."""
-    if isinstance(value, _Bare):
-        value = str(value) if kind == "string" else _bare_literal(value)
-    if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    elif kind == "integer" and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif kind in ("integer", "number") and isinstance(value, str) and _NUMBER_RE.fullmatch(value.strip()):
-        value = int(value) if _INT_RE.fullmatch(value.strip()) else float(value)
-        value = int(value) if kind == "integer" and isinstance(value, float) and value.is_integer() else value
-    elif kind == "boolean" and str(value).strip().lower() in ("true", "false", "yes", "no", "1", "0"):
-        value = str(value).strip().lower() in ("true", "yes", "1")
-    elif kind in ("array", "object") and isinstance(value, str) and value.lstrip().startswith(("[", "{")):
-        value = _loads(value)
-    if kind in _TYPE_CHECKS and not _TYPE_CHECKS[kind](value):
-        raise _ArgError(f"expected {kind}, got {json.dumps(value, default=str)[:40]}")
-    return value
-
-
-def _coerce(value: Any, schema: dict[str, Any], name: str) -> Any:
-    """Coerce to the schema (type, possibly a list of types; enum; array items); _ArgError if impossible."""
-    kinds = schema.get("type")
-    errors = []
-    for kind in (kinds if isinstance(kinds, list) else [kinds]):
-        try:
-            value = _coerce_one(value, kind) if kind else (_bare_literal(value) if isinstance(value, _Bare) else value)
-            break
-        except (_ArgError, ValueError) as exc:
-            errors.append(str(exc))
-    else:
-        raise _ArgError(f"argument '{name}': {'; '.join(errors)}")
-    if "enum" in schema:
-        match = [e for e in schema["enum"] if e == value or (isinstance(e, str) and str(value).lower() == e.lower())]
-        if not match:
-            raise _ArgError(f"argument '{name}' must be one of {schema['enum']}, got {value!r}")
-        value = match[0]
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        value = [_coerce(v, schema["items"], f"{name}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
-def _bind(spec: ToolSpec, positional: list[Any], keyword: dict[str, Any]) -> dict[str, Any]:
-    """Map positional/keyword values to declared parameters, check them, coerce them (or _ArgError)."""
-    props = spec.properties
-    by_key = {_key(p): p for p in props}
-    if len(positional) == 1 and not keyword and isinstance(positional[0], dict) and (
-            len(props) != 1 or set(map(_key, positional[0])) <= set(by_key)):
-        positional, keyword = [], positional[0]
-    if len(positional) > len(props):
-        raise _ArgError(f"takes {len(props)} argument(s), got {len(positional)} positional")
-    args = dict(zip(props, positional))
-    for raw_name, value in keyword.items():
-        name = by_key.get(_key(str(raw_name)))
-        if name is None and spec.parameters.get("additionalProperties"):
-            name = str(raw_name)
-        if name is None:
-            raise _ArgError(f"unknown argument '{raw_name}' (expected: {', '.join(props) or 'none'})")
-        if name in args:
-            raise _ArgError(f"argument '{name}' given twice")
-        args[name] = value
-    required = list(spec.parameters.get("required") or ())
-    for name in [n for n, v in args.items() if n not in required and "null" not in str(props.get(n, {}).get("type"))
-                 and (v is None or (isinstance(v, _Bare) and v.lower() in ("null", "none")))]:
-        del args[name]  # an optional argument given as null: use the tool's default
-    missing = [p for p in required if p not in args]
-    if missing:
-        raise _ArgError(f"missing required argument(s): {', '.join(missing)}")
-    return {n: _coerce(v, props.get(n, {}), n) for n, v in args.items()}
-
-
-def _split_call_args(spec: ToolSpec, body: str, commas: list[int]) -> tuple[list[Any], dict[str, Any]]:
-    """Split the text between the parentheses into positional and keyword values."""
-    bounds = [-1, *commas, len(body)]
-    pieces = [body[a + 1:b] for a, b in zip(bounds, bounds[1:])]
-    if not pieces[-1].strip():  # f() or a trailing comma
-        pieces.pop()
-    positional, keyword = [], {}
-    params = {_key(p) for p in spec.properties}
-    for piece in pieces:
-        m = _KEYWORD_RE.match(piece)
-        if m and (m.group(2) != ":" or _key(m.group(1)) in params):
-            if m.group(1) in keyword:
-                raise _ArgError(f"argument '{m.group(1)}' given twice")
-            keyword[m.group(1)] = _parse_value(m.group(3))
-        elif keyword:
-            raise _ArgError("positional argument after keyword argument")
-        else:
-            positional.append(_parse_value(piece))
-    if len(spec.properties) == 1 and len(positional) > 1 and not keyword and body.lstrip()[0] not in "\"'[{":
-        positional = [_Bare(body.strip())]  # get_weather(Paris, France): one bare text argument
-    return positional, keyword
-
-
 class ToolRegistry:
     """The tools of a scenario: describe them, parse calls out of agent text, run them, count validity."""
 
@@ -386,10 +133,10 @@ class ToolRegistry:
                  max_text_chars: int = 20_000, max_call_chars: int = 4000):
         self.specs: dict[str, ToolSpec] = {}
         for spec in specs:
-            if _key(spec.name) in self.specs:
+            if tool_key(spec.name) in self.specs:
                 raise ValueError(f"duplicate tool name {spec.name!r} (names are compared case-insensitively, "
                                  "'-' and '_' alike)")
-            self.specs[_key(spec.name)] = spec
+            self.specs[tool_key(spec.name)] = spec
         self.max_result_chars, self.max_calls = max_result_chars, max_calls
         self.max_text_chars, self.max_call_chars = max_text_chars, max_call_chars
         self._stats: dict[str, dict[str, int]] = {}
@@ -402,7 +149,7 @@ class ToolRegistry:
 
     def get(self, name: str) -> ToolSpec | None:
         """The tool called `name` (case-insensitive, '-' and '_' alike), or None."""
-        return self.specs.get(_key(name))
+        return self.specs.get(tool_key(name))
 
     def describe(self) -> str:
         """A compact listing for prompts, one `name(arg: type) - description` line per tool."""
@@ -451,24 +198,24 @@ class ToolRegistry:
             error = f"unknown tool '{name}' (available: {', '.join(self.names)})"
         elif error is None:
             try:
-                return ParsedCall(spec.name, _bind(spec, positional or [], keyword), None, text[start:end], start, end)
-            except (_ArgError, ValueError) as exc:
+                return ParsedCall(spec.name, bind_arguments(spec, positional or [], keyword), None, text[start:end], start, end)
+            except (ArgError, ValueError) as exc:
                 error = str(exc)
-        plain = {str(k): (str(v) if isinstance(v, _Bare) else v) for k, v in keyword.items()}
+        plain = {str(k): (str(v) if isinstance(v, Bare) else v) for k, v in keyword.items()}
         return ParsedCall(spec.name if spec else name, plain, error, text[start:end], start, end)
 
     def _syntax_call(self, text: str, match: re.Match, limit: int) -> ParsedCall | None:
         """A `name(args)` call whose opening parenthesis ends `match`."""
         name, open_at = match.group(1), match.end() - 1
-        end, reason, commas = _scan(text, open_at, limit, split=True)
+        end, reason, commas = scan(text, open_at, limit, split=True)
         if end is None:
             return self._make(name, text, match.start(1), limit, error=reason)
         spec = self.get(name)
         if spec is None:
             return self._make(name, text, match.start(1), end)
         try:
-            positional, keyword = _split_call_args(spec, text[open_at + 1:end - 1], [c - open_at - 1 for c in commas])
-        except _ArgError as exc:
+            positional, keyword = split_call_args(spec, text[open_at + 1:end - 1], [c - open_at - 1 for c in commas])
+        except ArgError as exc:
             return self._make(name, text, match.start(1), end, error=str(exc))
         return self._make(name, text, match.start(1), end, positional, keyword)
 
@@ -476,12 +223,12 @@ class ToolRegistry:
         """A call written as a JSON object at text[start] ('{'), or None when the object is not a call."""
         head = _JSON_HEAD_RE.match(text, start)
         marked = head is not None and (self.get(head.group(2)) is not None or head.group(1).lower() != "name")
-        end, reason, _ = _scan(text, start, limit)
+        end, reason, _ = scan(text, start, limit)
         if end is None:
             return self._make(head.group(2), text, start, head.end(), error=f"broken JSON: {reason}") if marked \
                 else None
         try:
-            obj = _loads(text[start:end])
+            obj = loads_lenient(text[start:end])
         except ValueError as exc:
             return self._make(head.group(2), text, start, end, error=f"arguments {exc}") if marked else None
         if not isinstance(obj, dict):
@@ -502,7 +249,7 @@ class ToolRegistry:
             args = {}
         if isinstance(args, str) and args.lstrip().startswith(("{", "[")):
             try:
-                args = _loads(args)
+                args = loads_lenient(args)
             except ValueError as exc:
                 return self._make(lower[name_key], text, start, end, error=f"arguments {exc}")
         if isinstance(args, dict):
@@ -518,8 +265,8 @@ class ToolRegistry:
             error = f"unknown tool '{parsed.name}' (available: {', '.join(self.names)})"
         if error is None:
             try:
-                args = _bind(spec, [], args)
-            except (_ArgError, ValueError) as exc:
+                args = bind_arguments(spec, [], args)
+            except (ArgError, ValueError) as exc:
                 error = str(exc)
         if error is not None:
             self._count(agent, valid=False, ok=False)
