@@ -11,10 +11,19 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from marl.tools import ToolSpec
+
+class Declared(Protocol):
+    """What binding reads of a tool (marl.tools.ToolSpec has it): its name, JSON-schema parameters and
+    their properties."""
+
+    name: str
+    parameters: dict[str, Any]
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        """Argument name -> schema."""
 
 _STRING_RE = {'"': re.compile(r'"(?:[^"\\]|\\.)*"', re.S), "'": re.compile(r"'(?:[^'\\]|\\.)*'", re.S)}
 _SPECIAL_RE = re.compile(r"[\"'()\[\]{},]")
@@ -221,7 +230,7 @@ def _coerce(value: Any, schema: dict[str, Any], name: str) -> Any:
     return value
 
 
-def bind_arguments(spec: ToolSpec, positional: list[Any], keyword: dict[str, Any]) -> dict[str, Any]:
+def bind_arguments(spec: Declared, positional: list[Any], keyword: dict[str, Any]) -> dict[str, Any]:
     """Map positional/keyword values to declared parameters, check them, coerce them (or ArgError)."""
     props = spec.properties
     by_key = {tool_key(p): p for p in props}
@@ -250,7 +259,7 @@ def bind_arguments(spec: ToolSpec, positional: list[Any], keyword: dict[str, Any
     return {n: _coerce(v, props.get(n, {}), n) for n, v in args.items()}
 
 
-def split_call_args(spec: ToolSpec, body: str, commas: list[int]) -> tuple[list[Any], dict[str, Any]]:
+def split_call_args(spec: Declared, body: str, commas: list[int]) -> tuple[list[Any], dict[str, Any]]:
     """Split the text between the parentheses into positional and keyword values."""
     bounds = [-1, *commas, len(body)]
     pieces = [body[a + 1:b] for a, b in zip(bounds, bounds[1:])]
