@@ -140,3 +140,18 @@ def random_player(agent: str, observation: str, task) -> str:
     board = board_of(observation)
     free = [i for i in range(9) if board[i] == "."]
     return str(random.Random(f"{task.id}:{board}").choice(free) + 1) if free else "1"
+
+
+def heuristic_player(agent: str, observation: str, task) -> str:
+    """A one-ply heuristic that knows no game tree (a warm-up expert that is not optimal): complete a
+    row of its own, else block one of the other's, else a random free cell (seeded by the position)."""
+    board, mark = board_of(observation), MARKS[agent]
+    other = "O" if mark == "X" else "X"
+    free = [i for i in range(9) if board[i] == "."]
+    if not free:
+        return "1"
+    for who in (mark, other):  # a win first, then a block
+        for i in free:
+            if winner(board[:i] + who + board[i + 1:]) == who:
+                return str(i + 1)
+    return str(random.Random(f"{task.id}:{board}").choice(free) + 1)

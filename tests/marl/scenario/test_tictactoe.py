@@ -47,6 +47,19 @@ def test_minimax_takes_a_win_and_blocks_a_loss(lib):
     assert lib["minimax_move"]("XX.OO....", "O") == 5  # O to move wins first
 
 
+
+def test_the_heuristic_warm_up_player_wins_or_blocks_one_ply_and_is_not_optimal(lib):
+    """heuristic_player, a warm-up expert that uses no optimal player (issue 32, item 1)."""
+    task = make_env("tictactoe").tasks[0]
+    shown = lambda board: lib["render"](board)  # noqa: E731 - the observation is the rendered board
+    assert lib["heuristic_player"]("x", shown("XX.OO...."), task) == "3"  # its own row first
+    assert lib["heuristic_player"]("o", shown("XX.O....."), task) == "3"  # else block
+    assert lib["heuristic_player"]("o", shown("XX.OO...."), task) == "6"  # a win beats a block
+    # one ply only: with no row to complete or block it moves at random, which loses to a coming fork
+    imperfect = [board for board in ("X...O...X", "X.......X", ".X.X.....")
+                 if int(lib["heuristic_player"]("o", shown(board), task)) - 1 not in lib["best_moves"](board, "O")]
+    assert imperfect
+
 def _play(messages: list[str]):
     env = make_env("tictactoe")
     observations, infos = env.reset(seed=0)
