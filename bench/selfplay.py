@@ -110,7 +110,7 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
         trainer.actors["shared"].model.load_state_dict(start)
         trainer.restart_frozen_copies()  # the KL reference and the first snapshot are the warmed-up model
     iterates = IterateAverage(trainer.player) if game == "kuhn_poker" else None
-    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer))], 0.0
+    curve, seconds = [(0, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer, eval_tasks))], 0.0
     for step in range(1, steps + 1):
         started = time.perf_counter()
         trainer.step()
@@ -118,19 +118,25 @@ def train_condition(game: str, settings: list[str], steps: int, eval_every: int,
         if iterates is not None:
             iterates.add()  # a measurement, not training: outside the seconds
         if step % eval_every == 0 or step == steps:
-            curve.append((step, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer)))
+            curve.append((step, evaluate_team(trainer.player, eval_tasks) | _average(iterates) | _served(trainer, eval_tasks)))
     return {"curve": curve, "seconds": seconds, "games": len(eval_tasks)}
 
 
-def _served(trainer) -> dict:
-    """`served/game/*`: the scenario's own figures (Kuhn poker's exact exploitability) of the policy the run
-    serves: the mixture of the iterates under converge: average, else the last iterate."""
-    from trainers.team.evaluation import scenario_figures
+def _served(trainer, eval_tasks) -> dict:
+    """`served/*`: figures of the policy the run serves, the mixture of the iterates under converge: average
+    (else the last iterate, whose figures are already there): the scenario's own figures (Kuhn poker's exact
+    exploitability) and, under `average`, the held-out games against every opponent (tic-tac-toe's
+    `served/vs/minimax/not_lost`)."""
+    from trainers.team.evaluation import evaluate_team, scenario_figures
 
-    if not trainer.spec.evaluation:
-        return {}
+    averaged = trainer.selfplay is not None and trainer.selfplay.average is not None
+    figures = {}
     with trainer.serving() as player:
-        return {f"served/{key}": value for key, value in scenario_figures(player).items()}
+        if trainer.spec.evaluation:
+            figures |= scenario_figures(player)
+        if averaged and not trainer.spec.evaluation:
+            figures |= evaluate_team(player, eval_tasks)
+    return {f"served/{key}": value for key, value in figures.items()}
 
 
 class IterateAverage:
@@ -184,6 +190,10 @@ def print_game(game: str, results: dict, seeds: list[int], conditions: list[str]
                                              for _, figures in run["curve"]) \
                 + "  last vs minimax by seat " + " ".join(
                     f"{seat} {last.get(f'vs/minimax/{seat}/not_lost', float('nan')):.2f}" for seat in ("x", "o"))
+            if "served/vs/minimax/not_lost" in last:  # converge: average serves the mixture of the iterates
+                extra += "  served vs minimax " + " ".join(
+                    f"{figures['served/vs/minimax/not_lost']:.3f}" for _, figures in run["curve"]) + " by seat " + \
+                    " ".join(f"{seat} {last[f'served/vs/minimax/{seat}/not_lost']:.2f}" for seat in ("x", "o"))
         if game == "kuhn_poker":
             extra = "  average of the iterates " + " ".join(f"{figures.get(AVERAGE, float('nan')):.3f}"
                                                          for _, figures in run["curve"]) \
