@@ -3,8 +3,9 @@
 Per candidate, each layer (outcome, process, format) is the weighted mean of its scorers' scores;
 the total is sum(layer weight x layer score), divided by the weights of the layers that have scorers
 when `normalize` is on (the default, so the best total is 1), minus the penalties that apply. A scorer that could not
-decide (a failed Judgment) is left out of its layer; a layer with weight > 0 and no decided scorer,
-or a penalty scorer that could not decide (a penalty is never dropped by failing), makes the total NaN, which downstream is masked, never read as 0. A correct answer (outcome 1) that
+decide (a failed Judgment) leaves its layer undecided (it is never dropped, so the other scorers never decide
+alone); an undecided layer with weight > 0, or a penalty scorer that could not decide, makes the total NaN,
+which downstream is masked, never read as 0. A correct answer (outcome 1) that
 shows none of the process markers still earns `process_credit_when_correct` (1/3) of the process
 layer: the process layer rewards showing work, not the lack of it.
 
@@ -80,14 +81,18 @@ class EpisodeScorer:
         """The layered total for the answer of `agent` (None: no answer, every scorer sees '')."""
         components, layer_scores, blended = [], {}, None
         for layer in LAYERS:
-            weighted, judgments = [], {}
+            weighted, judgments, undecided = [], {}, False
             for index, scorer_spec in enumerate(getattr(self.rewards, layer)):
                 judgment = self._judge(layer, index, scorer_spec, item, transcript, tool_calls, agent)
                 components.append(_component(layer, scorer_spec, judgment))
                 judgments[scorer_spec.kind] = judgment
                 if judgment.ok:
                     weighted.append((scorer_spec.weight, judgment.score))
-            layer_scores[layer] = _weighted_mean(weighted) if getattr(self.rewards, layer) else None
+                undecided = undecided or not judgment.ok
+            # one scorer that could not decide leaves its layer undecided: dropping it would let the others
+            # decide alone, so a candidate that makes a judge fail (a verdict it cannot parse) would be
+            # scored by the rule it passes instead (a layer of weight 0 is never read)
+            layer_scores[layer] = _weighted_mean(weighted) if getattr(self.rewards, layer) and not undecided else None
             if layer == "outcome" and self.rewards.blend is not None:
                 layer_scores[layer], blended = self._blended_outcome(item, judgments)
         if layer_scores["outcome"] == 1.0 and layer_scores["process"] == 0.0:

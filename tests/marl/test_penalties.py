@@ -56,3 +56,35 @@ def test_a_penalty_judge_that_decides_still_applies_or_spares():
 
     assert _blind_answer_total(passed(0.0)) == -0.5
     assert _blind_answer_total(passed(1.0)) == 0.0
+
+
+def _debate_total(format_judgment: Judgment | None) -> float:
+    """debater_a's own total for a right answer in debate, with a second format scorer beside the rule
+    (a judge that returns `format_judgment`), or the rule alone (None)."""
+    env = make_env("debate")
+    spec = env.scenario.spec
+    rule = spec.rewards.format[0]
+    judged = rule.model_copy(update={"kind": "clarity"}) if format_judgment is not None else None
+    rewards_spec = spec.rewards.model_copy(update={"format": [rule] + ([judged] if judged else [])})
+    spec = spec.model_copy(update={"rewards": rewards_spec})
+
+    def build(scorer_spec):
+        if judged is not None and scorer_spec.kind == "clarity":
+            return _PenaltyJudge(format_judgment)
+        return build_rule_scorer(scorer_spec.kind, scorer_spec.params(), env.scenario.base_dir)
+
+    task = env.tasks[0]
+    transcript = [{"agent": agent, "text": f"ANSWER: {task.answer}", "turn": turn}
+                  for turn, agent in enumerate(["debater_a", "debater_b", "debater_a", "debater_b"])]
+    _, breakdowns = EpisodeScorer(spec, build).score_episode(task, transcript, [], ["debater_a", "debater_b"])
+    return breakdowns["debater_a"].total
+
+
+def test_a_scorer_that_fails_beside_one_that_decides_masks_its_layer_it_is_never_dropped():
+    # a candidate that makes the judge fail must not be scored by the rule it passes alone
+    assert _debate_total(None) == 1.0
+    from judges.types import passed
+
+    assert _debate_total(passed(0.0)) < 1.0  # a judge that decides counts
+    for status in ("parse_error", "refusal", "api_error"):
+        assert math.isnan(_debate_total(failed(status, "no verdict in the judge's reply"))), status
