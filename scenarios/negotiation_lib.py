@@ -33,6 +33,7 @@ import re
 
 ITEMS = ("books", "hats", "balls")
 AGENTS = ("alice", "bob")
+MAX_DIGITS = 6  # a count longer than this is no count (pools hold 1-4 of each item)
 ROUNDS = 3  # negotiation.yaml's graph.rounds: strong_player makes its last turn's offer the efficient split
 _PAIR = re.compile(r"\b(books?|hats?|balls?)\s*[=:]\s*(\d+)", re.IGNORECASE)
 _COUNTS = r"((?:[\s,;]*(?:books?|hats?|balls?)\s*[=:]\s*\d+)+)"
@@ -47,9 +48,12 @@ def render(counts: dict) -> str:
 
 
 def parse_counts(text: str) -> dict[str, int] | None:
-    """'books=2 hats=0 balls=1' -> dict (missing items are 0); None when no item is named."""
+    """'books=2 hats=0 balls=1' -> dict (missing items are 0); None when no item is named, or when a count
+    has more than MAX_DIGITS digits: such a proposal is no offer. It must not raise, since the
+    arbitrator reads both agents' proposals: an agent losing the game could otherwise write a count
+    past int's digit limit and turn the game into a 0-0 tie (a failure to parse is each candidate's 0)."""
     pairs = _PAIR.findall(text or "")
-    if not pairs:
+    if not pairs or any(len(number) > MAX_DIGITS for _, number in pairs):
         return None
     counts = {item: 0 for item in ITEMS}
     for name, number in pairs:

@@ -86,19 +86,24 @@ def test_any_transcript_gets_a_finite_score_from_every_scenario_function(name, t
     _check(name, texts, city, task_index)
 
 
-def test_a_proposal_past_the_digit_limit_is_the_agents_zero_not_a_mask():
+def test_a_proposal_past_the_digit_limit_is_no_offer_never_a_mask_nor_an_escape():
     (reference, scorer), = _callables("negotiation")
     env = make_env("negotiation")
     task = env.tasks[0]
     from judges.types import Item
 
     item = Item(task.prompt, metadata=dict(task.metadata))
-    for claim, expected in [("books=" + _HUGE + " hats=0 balls=0", 0.0), ("books=0 hats=0 balls=0", None)]:
-        transcript = [{"agent": "alice", "text": "PROPOSE " + claim, "turn": 0},
-                      {"agent": "bob", "text": "ACCEPT", "turn": 1}]
-        judgment = scorer.score(item, [build_candidate(transcript, [], "alice")])[0]
-        assert judgment.ok, judgment
-        if expected is not None:
-            assert judgment.score == expected and "could not be scored (ValueError)" in judgment.rationale
-    bob = scorer.score(item, [build_candidate(transcript, [], "bob")])[0]
-    assert bob.ok and bob.score > 0  # an honest deal (alice takes nothing) still pays bob
+
+    def scores(transcript):
+        judged = [scorer.score(item, [build_candidate(transcript, [], agent)])[0] for agent in ("alice", "bob")]
+        assert all(judgment.ok for judgment in judged), judged
+        return [judgment.score for judgment in judged]
+
+    huge = "PROPOSE books=" + _HUGE + " hats=0 balls=0"
+    assert scores([{"agent": "alice", "text": huge, "turn": 0}, {"agent": "bob", "text": "ACCEPT", "turn": 1}]) == [0, 0]
+    # bob's standing offer is imposed whatever alice writes after it: an unreadable count is no escape into a tie
+    fair = [{"agent": "bob", "text": "PROPOSE books=0 hats=0 balls=0", "turn": 0}]
+    assert scores(fair + [{"agent": "alice", "text": huge, "turn": 1}]) == scores(fair)
+    honest = [{"agent": "alice", "text": "PROPOSE books=0 hats=0 balls=0", "turn": 0},
+              {"agent": "bob", "text": "ACCEPT", "turn": 1}]
+    assert scores(honest)[1] > 0  # an honest deal (alice takes nothing) still pays bob
