@@ -205,6 +205,14 @@ def expert(agent: str, observation: str, task) -> str:
 
 # -- scripted opponents of graded strength (evaluation only) ----------------------------------------
 
+def _their_offer(agent: str, observation: str, pool: dict) -> dict | None:
+    """The items the other agent's last message claims, when the pool can honour them; else None."""
+    other = next(a for a in AGENTS if a != agent)
+    proposals = _PROPOSE.findall(_last_line_of(observation, other))
+    claimed = parse_counts(proposals[-1]) if proposals else None
+    return claimed if claimed is not None and all(0 <= claimed[i] <= pool[i] for i in ITEMS) else None
+
+
 def random_player(agent: str, observation: str, task) -> str:
     """A random message: VALUES, PROPOSE (counts within the pool) or ACCEPT, seeded by the position."""
     pool = parse_counts(task.metadata["pool"])
@@ -223,11 +231,8 @@ def greedy_player(agent: str, observation: str, task) -> str:
     pool = parse_counts(task.metadata["pool"])
     mine = task.metadata["values"][agent]
     total = sum(pool[i] * mine[i] for i in ITEMS)
-    other = next(a for a in AGENTS if a != agent)
-    proposals = _PROPOSE.findall(_last_line_of(observation, other))
-    claimed = parse_counts(proposals[-1]) if proposals else None
-    if claimed is not None and all(0 <= claimed[i] <= pool[i] for i in ITEMS) and \
-            sum((pool[i] - claimed[i]) * mine[i] for i in ITEMS) * 2 >= total:
+    claimed = _their_offer(agent, observation, pool)
+    if claimed is not None and sum((pool[i] - claimed[i]) * mine[i] for i in ITEMS) * 2 >= total:
         return "ACCEPT"
     return f"PROPOSE {render({i: pool[i] if mine[i] >= 4 else (pool[i] + 1) // 2 for i in ITEMS})}"
 
@@ -242,10 +247,8 @@ def strong_player(agent: str, observation: str, task) -> str:
     values = task.metadata["values"]
     other = next(a for a in AGENTS if a != agent)
     mine, theirs = values[agent], values[other]
-    proposals = _PROPOSE.findall(_last_line_of(observation, other))
-    claimed = parse_counts(proposals[-1]) if proposals else None
-    if claimed is not None and all(0 <= claimed[i] <= pool[i] for i in ITEMS) and \
-            sum((pool[i] - claimed[i]) * mine[i] for i in ITEMS) >= fair_share(pool, mine, theirs):
+    claimed = _their_offer(agent, observation, pool)
+    if claimed is not None and sum((pool[i] - claimed[i]) * mine[i] for i in ITEMS) >= fair_share(pool, mine, theirs):
         return "ACCEPT"
     own_turns = sum(line.startswith(f"{agent}: ") for line in observation.splitlines())
     answered = own_turns == ROUNDS - 1 and agent != AGENTS[-1]  # its last turn, and the other speaks after it
