@@ -23,6 +23,12 @@ differ only in `credit.method` (`--methods`):
     difference  leave-one-out (difference rewards): v(everyone) - v(everyone without the agent),
                 n = 3 replays per episode instead of 6, against the same stand-in
 
+A method may name how its replays share samples, `METHOD@SHARING` (`credit.samples_shared_by`; plain
+METHOD takes `--samples-shared-by`): `shapley@group` and `difference@group` reuse the messages the
+step's own G episodes of a task already sampled as the replays' draws (a replay whose agent sees what
+one of those episodes showed it repeats that message instead of generating), the same credit in
+distribution for fewer generations.
+
 What "absent" means decides what Shapley can see (measured with 5 seeds x 80 steps, docs/benchmarks.md):
 
     null_message    a coalition missing any agent keeps only the format layer, which `final` earns
@@ -74,6 +80,9 @@ from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from marl.options import CREDIT_METHODS, SAMPLE_SHARING  # noqa: E402  (torch-free)
+
 GOAL_RATIO = 0.7
 MODULE = "credit_vs_equal"  # this file, copied next to the scenario so 'module:function' resolves to it
 ADDITION = re.compile(r"\s*(\d+)\s*\+\s*(\d+)\s*=\s*$")
@@ -213,19 +222,19 @@ def print_table(results: dict, seeds: list[int], target_of: dict, args, p: float
     print(f"\nfree rider right with p={p}; target = initial + {args.gain} (mean of {args.smooth} evaluations), "
           "fixed from the initial evaluation before any training step")
     print(f"{'seed':>4} {'target':>6} {'initial':>7} | " + " | ".join(
-        f"{method[:10]:>10} final {'steps':>6} {'s':>6} {'cpu s':>6}" for method in args.methods))
+        f"{method:>16} final {'steps':>6} {'s':>6} {'cpu s':>6}" for method in args.methods))
     for seed in seeds:
         row = [f"{seed:>4} {target_of[seed]:>6.2f} {results['team', seed]['curve'][0][-1]:>7.2f} |"]
         for method in args.methods:
             run = results[method, seed]
             steps, seconds, cpu, hit = to_target(run, target_of[seed], args.smooth, args.steps)
             mark = "" if hit else ">"
-            row.append(f"{run['curve'][-1][-1]:>16.2f} {mark + str(int(steps)):>6} {mark + f'{seconds:.0f}':>6} "
+            row.append(f"{run['curve'][-1][-1]:>22.2f} {mark + str(int(steps)):>6} {mark + f'{seconds:.0f}':>6} "
                        f"{mark + f'{cpu:.0f}':>6} |")
         print(" ".join(row).rstrip(" |"))
     means = summarise(results, seeds, target_of, args)
     print(f"{'mean':>4} {'':>6} {'':>7} | " + " | ".join(
-        f"{means[m]['final']:>16.2f} {means[m]['steps']:>6.1f} {means[m]['seconds']:>6.1f} {means[m]['cpu']:>6.1f}"
+        f"{means[m]['final']:>22.2f} {means[m]['steps']:>6.1f} {means[m]['seconds']:>6.1f} {means[m]['cpu']:>6.1f}"
         for m in args.methods))
     for method in args.methods:
         print(f"  {method}: target missed by {means[method]['missed']} of {len(seeds)} seeds (counted as the whole "
@@ -242,7 +251,7 @@ def print_curves(results: dict, seeds: list[int]) -> None:
     print("\nheld-out team success by step (step:success):")
     for (method, seed), run in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
         points = " ".join(f"{point[0]}:{point[-1]:.2f}" for point in run["curve"])
-        print(f"  seed {seed} {method:<10} {points}")
+        print(f"  seed {seed} {method:<16} {points}")
 
 
 def parse_args(argv=None):
@@ -260,17 +269,24 @@ def parse_args(argv=None):
     parser.add_argument("--absent", default="default_policy",
                         help="credit.absent of the Shapley condition (default_policy uses relay's expert)")
     parser.add_argument("--rollouts", type=int, default=1, help="credit.rollouts: replays per coalition (default 1)")
-    parser.add_argument("--samples-shared-by", default="task", choices=("task", "episode"),
-                        help="credit.samples_shared_by of the Shapley condition (default task)")
+    parser.add_argument("--samples-shared-by", default="task", choices=SAMPLE_SHARING,
+                        help="credit.samples_shared_by of a method that names none (default task)")
     parser.add_argument("--eval-tasks", type=int, default=300, help="held-out tasks evaluated (default 300)")
-    parser.add_argument("--methods", default="team,shapley,difference",
-                        help="credit.method of each condition, comma-separated; team (the anchor) comes first "
-                             "(default team,shapley,difference: difference is leave-one-out, n replays per episode)")
+    parser.add_argument("--methods", default="team,shapley,shapley@group,difference@group",
+                        help="credit.method of each condition, comma-separated, each optionally @task, @group or "
+                             "@episode (credit.samples_shared_by); team (the anchor) comes first (default "
+                             "team,shapley,shapley@group,difference@group: difference is leave-one-out, n replays "
+                             "per episode; @group reuses the step's own samples in the replays)")
     parser.add_argument("--quick", action="store_true", help="seconds: 1 seed x 2 steps, 24 held-out tasks")
     args = parser.parse_args(argv)
     args.methods = [method.strip() for method in args.methods.split(",") if method.strip()]
     if not args.methods or args.methods[0] != "team" or len(args.methods) < 2:
         parser.error(f"--methods {','.join(args.methods)!r}: start with team (the anchor), then the methods compared")
+    for label in args.methods:
+        method, _, sharing = label.partition("@")
+        if method not in CREDIT_METHODS or (sharing and sharing not in SAMPLE_SHARING):
+            parser.error(f"--methods: {label!r} is not METHOD[@SHARING] with METHOD one of {', '.join(CREDIT_METHODS)} "
+                         f"and SHARING one of {', '.join(SAMPLE_SHARING)}")
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_tasks = 1, 2, 2, 24
     try:
@@ -297,11 +313,12 @@ def run_setting(scenario_path: Path, p: float, seeds: list[int], args) -> dict:
     held_out = held_out_settings(scenario_path, args.eval_tasks)
     for seed in seeds:
         for method in args.methods:
-            settings = overrides(method, args.absent, seed, args.rollouts) + held_out + \
-                [f"credit.samples_shared_by={args.samples_shared_by}"]
+            base, _, sharing = method.partition("@")
+            settings = overrides(base, args.absent, seed, args.rollouts) + held_out + \
+                [f"credit.samples_shared_by={sharing or args.samples_shared_by}"]
             run = train_condition(scenario_path, settings, args.steps, args.eval_every, p, seed)
             results[method, seed] = run
-            print(f"  p={p} seed {seed} {method:<10} initial {run['curve'][0][-1]:.2f} final {run['curve'][-1][-1]:.2f} "
+            print(f"  p={p} seed {seed} {method:<16} initial {run['curve'][0][-1]:.2f} final {run['curve'][-1][-1]:.2f} "
                   f"({run['seconds']:.0f} s training, {run['cpu']:.0f} CPU s)", flush=True)
     target_of = {seed: args.target if args.target is not None else results["team", seed]["curve"][0][-1] + args.gain
                  for seed in seeds}

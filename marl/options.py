@@ -19,7 +19,9 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 ABSENT_MODES = ("null_message", "skip_turn", "default_policy", "resample", "replay", "mask")
 """What an agent outside a coalition does in a counterfactual episode (each mode is documented in marl.rollout)."""
 
-SAMPLE_SHARING = ("task", "episode")  # credit.samples_shared_by: whose replays share fresh samples
+SAMPLE_SHARING = ("task", "group", "episode")
+"""credit.samples_shared_by: whose replays share fresh samples (group: the task's, reusing the group's own messages)."""
+
 CREDIT_METHODS = ("team", "shapley", "banzhaf", "owen", "myerson", "difference", "least_core")
 """Credit assignment methods of a scenario's `credit.method`."""
 

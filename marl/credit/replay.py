@@ -113,22 +113,47 @@ def shared_memos(episodes, rollouts: int, shared_by: str) -> list[list[dict]]:
     """The memos of each episode's replays, one per rollout (see `marl.rollout`: replays sharing a memo
     share their fresh samples).
 
-    `task`: the episodes of one task (and prefix) share them. The G episodes of a task are compared
-    with each other by the group-normalised advantages, so a stand-in's counterfactual that is the same
-    for all of them (the same agent seeing the same thing) gets one sample, not G different ones: the
-    group's credits then differ only by what each episode's own agents did (common random numbers
-    across the group), and a step samples each distinct counterfactual view once. `episode`: each
+    `task`: the episodes of one task (and prefix and seating) share them. The G episodes of a task are
+    compared with each other by the group-normalised advantages, so a stand-in's counterfactual that is
+    the same for all of them (the same agent seeing the same thing) gets one sample, not G different
+    ones: the group's credits then differ only by what each episode's own agents did (common random
+    numbers across the group), and a step samples each distinct counterfactual view once. `group`: as
+    `task`, and the memos start with the messages the group's own episodes already sampled (`seed_memos`),
+    so a replay asks the model only for views no episode of the group has seen. `episode`: each
     episode's replays share only their own.
     """
     if shared_by == "episode":
         return [[{} for _ in range(rollouts)] for _ in episodes]
     by_task: dict[tuple, list[dict]] = {}
-    return [by_task.setdefault(_task_key(e), [{} for _ in range(rollouts)]) for e in episodes]
+    memos = [by_task.setdefault(_task_key(e), [{} for _ in range(rollouts)]) for e in episodes]
+    if shared_by == "group":
+        for episode, episode_memos in zip(episodes, memos):
+            seed_memos(episode_memos, episode)
+    return memos
+
+
+def seed_memos(memos: list[dict], episode) -> None:
+    """Put a played episode's messages into its task's replay memos, as draws a replay can reuse.
+
+    A message the policy sampled for an agent seeing X at turn t is a draw from that agent's policy
+    given X, exactly what a replay whose present agent sees X at turn t would sample: the replay
+    repeats it (the memo key of a present agent) instead of generating. Rollout r takes the r-th
+    episode of the group that saw X, so the rollouts of one coalition stay independent draws; a view
+    seen by fewer episodes than there are rollouts is sampled afresh in the later rollouts. Absent
+    agents' keys are never seeded: under `resample` an episode's own message would be its own
+    counterfactual."""
+    for turn in episode.turns:
+        key = (turn.turn, turn.agent, turn.observation, True)
+        for memo in memos:
+            if key not in memo:
+                memo[key] = turn.text
+                break
 
 
 def _task_key(episode) -> tuple:
     task = episode.task if episode.task is not None else episode.job.task
-    return getattr(task, "id", task), episode.job.prefix
+    # seats too: episodes of one task played by different actors (a self-play pool) must not share samples
+    return getattr(task, "id", task), episode.job.prefix, tuple(sorted(episode.job.seats.items()))
 
 
 def fill_values(player, replays: list[EpisodeReplays], coalitions, credit) -> None:

@@ -231,7 +231,9 @@ class CreditSpec(Strict):
         1, ge=1, description="rollouts per coalition")
     samples_shared_by: Literal[SAMPLE_SHARING] = Field(
         "task", description="replays sharing their fresh samples (common random numbers): every episode of "
-                            "the same task in a step, or each episode's own replays only")
+                            "the same task in a step (task); the same, and a replay's agent that sees what one of "
+                            "the group's own episodes showed it repeats that episode's message instead of sampling "
+                            "(group: fewer generations); or each episode's own replays only (episode)")
     seed: Seed = 0
 
 

@@ -3,6 +3,7 @@ samples shared across the coalitions of one episode (common random numbers)."""
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 from marl.policies import get_policy, null_policy, random_policy
@@ -106,6 +107,50 @@ def test_replays_of_one_tasks_episodes_sample_each_counterfactual_view_once():
         assert abs(sum(estimate.values.values()) - (episode.team_reward() - 1.0)) < 1e-9
 
 
+def _group_credits(shared_by: str, method: str):
+    """Credit (expert stand-in) of 8 episodes of one relay task whose left and right vary from episode to
+    episode, with a final that answers by what it sees only; and the views final was asked in replays."""
+    from marl.credit.replay import episode_credits
+    from marl.scenario.spec import CreditSpec
+
+    scenario = load_scenario("relay")
+    expert = get_policy("expert", scenario)
+
+    def sloppy(agent, observation, task):  # the expert's sum, or one off, decided by what it sees
+        answer = expert(agent, observation, task)
+        wrong = zlib.crc32(observation.encode()) % 3 == 0 and answer.isdigit()
+        return str(int(answer) + 1) if wrong else answer
+
+    def now_and_then(every):  # the expert's sum on every `every`-th call, else a wrong digit
+        calls = itertools.count()
+        return lambda agent, observation, task: (expert(agent, observation, task) if next(calls) % every == 0
+                                                 else str(next(calls) % 10))
+
+    final = _CountingActor("final", sloppy)
+    actors = {"left": ScriptedActor("left", now_and_then(2)), "right": ScriptedActor("right", now_and_then(3)),
+              "final": final}
+    player = EpisodePlayer(scenario, actors, {a: a for a in actors}, default_policy=expert)
+    task = scenario.tasks()[0]
+    episodes = player.play([EpisodeJob(task, seed) for seed in range(8)]).episodes
+    final.asked.clear()
+    credit = CreditSpec(method=method, absent="default_policy", samples_shared_by=shared_by)
+    return episodes, episode_credits(player, episodes, credit), final.asked
+
+
+def test_replays_sharing_by_group_reuse_the_groups_own_messages_and_change_no_credit():
+    """samples_shared_by group: a replay in which final sees what one of the group's episodes showed
+    final repeats that episode's message instead of asking the model. With a final that answers by what
+    it sees, every credit is the same as with sharing by task, and final is asked only views that no
+    episode of the group showed it, each once."""
+    for method in ("shapley", "difference"):
+        episodes, by_task, asked_by_task = _group_credits("task", method)
+        _, by_group, asked_by_group = _group_credits("group", method)
+        seen = {turn.observation for episode in episodes for turn in episode.turns if turn.agent == "final"}
+        assert len(asked_by_group) == len(set(asked_by_group)) and not seen & set(asked_by_group)
+        assert set(asked_by_group) < set(asked_by_task)  # some replays were answered from the group
+        assert [e.values for e in by_group] == [e.values for e in by_task]
+
+
 def test_leave_one_out_replay_credit_is_v_everyone_minus_v_without_the_agent_from_the_exact_engine():
     """credit.method difference plays n replays per episode and gives each agent v(N) - v(N minus it),
     the same coalition values the exact Shapley engine replays for those coalitions (common random
@@ -138,3 +183,17 @@ def test_leave_one_out_replay_credit_is_v_everyone_minus_v_without_the_agent_fro
         for agent in actors:
             assert estimate.values[agent] == replay.values[everyone] - replay.values[everyone - {agent}]
     assert min(e.values["final"] for e in difference) < 0.0 == max(e.values["final"] for e in difference)  # it costs
+
+
+def test_episodes_of_one_task_played_by_different_actors_do_not_share_samples():
+    """A self-play pool seats other actors in some of a task's episodes: the same agent seeing the same
+    thing is then another policy, so its replays keep their own memos (shared only with their seating)."""
+    from marl.credit.replay import shared_memos
+
+    scenario, player = _relay_player()
+    task = scenario.tasks()[0]
+    jobs = [EpisodeJob(task, 0), EpisodeJob(task, 1), EpisodeJob(task, 2, seats={"final": "right"})]
+    episodes = player.play(jobs).episodes
+    for shared_by in ("task", "group"):
+        memos = shared_memos(episodes, 1, shared_by)
+        assert memos[0] is memos[1] and memos[2] is not memos[0]
