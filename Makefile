@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-real install bench docs docs-gen clean
+.PHONY: run test test-slow test-real install bench docs docs-gen clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,15 @@ run: $(STAMP)
 
 # The suite runs on every core (pytest-xdist, one torch thread per worker); Ray tests share one worker.
 TEST_WORKERS ?= auto
-# Tests of the real packaged model (marker `real`: minutes each) run in `make test-real`, not here: tests/conftest.py
-# deselects them unless the -m expression names `real`, so PYTEST_ARGS="-m 'not slow'" still leaves them out.
+# `make test` is every test but the long ones: those marked `slow` (real Ray clusters, whole runs killed and
+# resumed, full sandbox sweeps) run in `make test-slow`, and those of the real packaged model (marker `real`:
+# minutes each) in `make test-real`; CI (.ci/run) runs all three. tests/conftest.py deselects `real` tests
+# unless the -m expression names `real`. A -m in PYTEST_ARGS replaces the one here (PYTEST_ARGS="-m ''": all).
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m slow $(PYTEST_ARGS)
 
 test-real: $(STAMP)
 	$(PY) -m pytest -m real $(PYTEST_ARGS)

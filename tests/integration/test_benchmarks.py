@@ -49,7 +49,8 @@ def check_ratio(output: str) -> None:
     assert math.isfinite(float(value)) and float(value) > 0, value
 
 
-@pytest.mark.slow  # each takes a few seconds to ~20 s (a fresh interpreter importing torch, TRL or shap)
+# not `slow`: every bench's --quick runs in `make test` (each takes a few seconds to ~20 s: a fresh interpreter
+# importing torch, TRL or shap)
 # ray_scaling starts a local Ray cluster: it joins the Ray tests' worker (tests/conftest.py), one cluster at a time
 @pytest.mark.parametrize("path", [pytest.param(path, marks=[pytest.mark.ray] if path.stem == "ray_scaling" else [])
                                   for path in BENCHES], ids=[path.stem for path in BENCHES])
