@@ -74,6 +74,32 @@ def _model_played(agent) -> bool:
     return agent.policy in ("shared", "own") or not (agent.policy in SCRIPTED or ":" in agent.policy)
 
 
+def served_player(player, actors: dict, checkpoint: Path | None):
+    """(player, what it serves): with a checkpoint of a train.selfplay.converge: average run (its state.pt
+    keeps the iterates' snapshots; the caller passes None for a cooperative scenario), a player whose
+    learner plays the mixture of the run's iterates (the snapshots its state.pt keeps, one drawn per game,
+    as the run's held-out figures played it: trainers/team/served.py), and "mixture of N iterates (steps
+    0..T)"; else the player itself and "last iterate" (the checkpoint's own weights)."""
+    from trainers.records.checkpoint import CheckpointError, read_state
+    from trainers.team.served import SERVED, MixturePlayer, ServedAverage
+
+    if checkpoint is None or SERVED not in actors or not hasattr(actors[SERVED], "model"):
+        return player, "last iterate"
+    state = read_state(checkpoint)
+    average = (state.get("pool") or {}).get("average")
+    if not average:
+        return player, "last iterate"
+    served = ServedAverage(actors[SERVED].model, int(average["every"]), int(average["seed"]))
+    served.load_state_dict(average)
+    live = set(actors[SERVED].model.state_dict())
+    if any(set(entry["snapshot"]) != live for entry in average["entries"]):
+        raise CheckpointError(f"checkpoint {checkpoint}: the iterates' snapshots in state.pt do not fit the "
+                              "model it holds (other weights' names); pass --last-iterate to play its own weights")
+    step = int(state["step"])
+    mixture = MixturePlayer(player, served, step)
+    return mixture, f"mixture of {len(mixture.components)} iterates (steps 0..{step})"
+
+
 def reseat(seats: dict[str, str], played_by: dict[str, str] | None) -> dict[str, str]:
     """Seats with each agent of `played_by` (agent -> other agent) played by the other agent's actor.
 
@@ -93,8 +119,11 @@ def reseat(seats: dict[str, str], played_by: dict[str, str] | None) -> dict[str,
 
 def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_dir: str | None, *, seed: int = 0,
                         credit: bool = True, retries: int = 1, played_by: dict[str, str] | None = None,
-                        budgets: list[int] = ()) -> dict:
+                        budgets: list[int] = (), last_iterate: bool = False) -> dict:
     """The held-out metrics of the checkpoint's team (the base model's for None), with the checkpoint named.
+
+    A checkpoint of a run with train.selfplay.converge: average plays what that run served: the mixture of
+    its iterates' snapshots, one drawn per game (`served_player`); `last_iterate` plays its own weights.
 
     `played_by` (agent -> other agent) reseats the team first (`reseat`: the role-swap test). With
     `budgets`, the result also holds `budget_curve`: the same team at each per-turn token budget
@@ -109,9 +138,13 @@ def evaluate_checkpoint(scenario, tasks: list, checkpoint: Path | None, cache_di
     credit_spec = scenario.spec.credit
     default = scenario.resolve(credit_spec.default_policy) if credit_spec.default_policy else None
     player = EpisodePlayer(scenario, actors, seats, default_policy=default)
+    # whether the run served an average is the checkpoint's to say (its run may have set it with --set):
+    # only self-play's scenarios can have, so a cooperative checkpoint's state.pt is never read here
+    served_from = checkpoint if not last_iterate and scenario.spec.mode != "cooperative" else None
+    player, served = served_player(player, actors, served_from)
     result = evaluate_scenario(player, tasks, seed=seed, credit=credit, retries=retries)
     named = {"checkpoint": str(checkpoint) if checkpoint is not None else "base model",
-             "played_by": dict(played_by or {})}
+             "played_by": dict(played_by or {}), "served": served}
     if budgets:
         named["budget_curve"] = {**budget_curve(player, tasks, budgets, seed=seed), **named}
     return {**result, **named}

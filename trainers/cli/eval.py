@@ -9,8 +9,10 @@
 The checkpoint's `model/` plays every 'shared' agent and `model-<agent>/` the agent with that name;
 model agents the checkpoint has no directory for play the base model. `--seat AGENT=OTHER` has AGENT's
 seat played by OTHER's policy (AGENT keeps its own observation and role prompt): with per-role
-policies (`policy: own`), swapping two roles shows whether each policy specialised. eval.json and eval.md go to
---out (default: the checkpoint's run directory, else runs/<scenario>-eval).
+policies (`policy: own`), swapping two roles shows whether each policy specialised. A checkpoint of a
+run with train.selfplay.converge: average plays what the run served, the mixture of its iterates (one
+drawn per game), unless --last-iterate. eval.json and eval.md go to --out (default: the checkpoint's run
+directory, else runs/<scenario>-eval).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def add_parser(commands) -> None:
     evaluate.add_argument("--seat", action="append", default=[], metavar="AGENT=OTHER",
                           help="AGENT's seat is played by OTHER's policy (repeatable; e.g. --seat left=final "
                                "--seat final=left is the role-swap test)")
+    evaluate.add_argument("--last-iterate", action="store_true",
+                          help="a checkpoint of a train.selfplay.converge: average run serves the mixture of its "
+                               "iterates (one drawn per game); this plays the checkpoint's own weights instead")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (task i gets seed + i)")
     evaluate.add_argument("--budgets", metavar="N,N,...",
                           help="per-turn token budgets, e.g. 8,16,32: the held-out set is also played at each "
@@ -76,7 +81,7 @@ def run(args) -> int:
         with judged(scenario, judge_cache_path(args.judge_cache, out / CACHE_FILE)):  # a dead judge: exit 2 first
             result = evaluate_checkpoint(scenario, tasks, checkpoint, args.cache_dir, seed=args.seed,
                                          credit=not args.no_credit, retries=args.retries, played_by=played_by,
-                                         budgets=budgets)
+                                         budgets=budgets, last_iterate=args.last_iterate)
     curve = result.pop("budget_curve", None)
     json_path, md_path = _write(result, out)
     print(eval_table(result))

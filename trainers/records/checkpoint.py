@@ -182,18 +182,24 @@ def verified_checkpoint(path: str | Path) -> Path:
     return Path(path)
 
 
-def load_checkpoint(trainer, checkpoint: str | Path) -> None:
-    """Restore a trainer (built with the same config and tasks) from a checkpoint directory."""
+def read_state(checkpoint: str | Path) -> dict:
+    """The trainer state (state.pt) of a verified checkpoint, read as weights only (no pickled code runs);
+    FileNotFoundError without one, CheckpointError when it is damaged."""
     state_path = Path(checkpoint) / "state.pt"
     if not state_path.exists():
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no state.pt); "
                                 "pass a run directory's checkpoints/step-N directory")
     verified_checkpoint(checkpoint)
     try:
-        state = torch.load(state_path, weights_only=True)
+        return torch.load(state_path, weights_only=True)
     except Exception as error:  # a damaged file without a manifest: torch raises many types
         raise CheckpointError(f"{state_path} cannot be read ({_first_line(error)}); resume from an older "
                               "checkpoints/step-N directory or start a new run with --out NEWDIR") from None
+
+
+def load_checkpoint(trainer, checkpoint: str | Path) -> None:
+    """Restore a trainer (built with the same config and tasks) from a checkpoint directory."""
+    state = read_state(checkpoint)
     saved, current = state["config"], _config_dict(trainer)
     changed = {k for k in saved if k not in ("steps", "threads") and saved.get(k) != current.get(k)}
     if changed:

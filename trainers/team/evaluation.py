@@ -24,6 +24,9 @@ of every share and counted in `masked_episodes`. The metrics:
                              mattered: silencing any one agent (its difference reward with
                              null_message replays) lowers the team reward. Independent of the scenario's
                              credit section (cooperative scenarios with credit on; else None)
+    vs/NAME/...              competitive and mixed scenarios: the games against each fixed opponent of
+                             the scenario (`against_opponents`)
+    game/NAME                the scenario's `evaluation` function's exact figures (`scenario_figures`)
 
 and `credit`: each agent's mean credit over the first-try episodes (`value`) and its `share`, its
 summed credit over the sum of every agent's |summed credit|, negative when it did worse than the
@@ -217,6 +220,10 @@ def evaluate_scenario(player, tasks: list[Task], *, seed: int = 0, credit: bool 
                "format_compliance": _format_compliance(episodes) if spec.rewards.format else None,
                "paraphrase_robustness": paraphrase.pop("robustness"),
                "effective_reasoning_rate": credits.pop("effective_reasoning_rate") if credits else None}
+    if spec.mode != "cooperative":  # the games against the scenario's fixed opponents (vs/NAME/won, ...)
+        metrics.update(against_opponents(player, tasks, seed=seed))
+    if spec.evaluation:  # the scenario's exact figures of the learned policy (game/NAME)
+        metrics.update(scenario_figures(player))
     rows = [{"task": task.id, "first_try": _plain(f), "solved": _plain(s), "variants_agree": agree}
             for task, f, s, agree in zip(tasks, first, solved, paraphrase.pop("agree"))]
     return {"scenario": spec.name, "mode": spec.mode, "tasks": len(tasks), "seed": seed, "retries": retries,
@@ -354,6 +361,19 @@ def write_eval_report(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def definition(metric: str) -> str:
+    """What an evaluation metric means, for the report's table (vs/ and game/ figures by their pattern)."""
+    if metric.startswith("vs/"):
+        parts = metric.split("/")
+        seat = f" in seat {parts[2]}" if len(parts) == 4 else " over the seats"
+        meaning = {"reward": "mean zero-sum reward", "not_lost": "share of games not lost",
+                   "won": "share of games won"}.get(parts[-1], parts[-1])
+        return f"{meaning}{seat} against the scenario's opponent {parts[1]} (greedy)"
+    if metric.startswith("game/"):
+        return "the scenario's evaluation function's figure of the learned policy"
+    return DEFINITIONS[metric]
+
+
 def eval_markdown(result: dict) -> str:
     """The evaluation as markdown: a metric table, paraphrase coverage, per-agent credit, failures."""
     lines = [f"# marl eval: {result['scenario']}", "",
@@ -361,7 +381,7 @@ def eval_markdown(result: dict) -> str:
              f"checkpoint: {result.get('checkpoint', '-')}{seating_note(result)}, retries: {result['retries']}, "
              f"masked episodes: {result['masked_episodes']}.", "",
              "| metric | value | definition |", "|---|---|---|"]
-    lines += [f"| {name} | {format_value(value)} | {DEFINITIONS[name]} |" for name, value in result["metrics"].items()]
+    lines += [f"| {name} | {format_value(value)} | {definition(name)} |" for name, value in result["metrics"].items()]
     para = result["paraphrase"]
     lines += ["", f"Paraphrases: {para['tasks_with_variants']} tasks have variant wordings; in "
               f"{para['tasks_reached']} of them a wording changed what an agent saw "
@@ -380,10 +400,13 @@ def eval_markdown(result: dict) -> str:
 
 
 def seating_note(result: dict) -> str:
-    """', seats: final played by left's policy' for an evaluation with --seat, else ''."""
+    """', seats: final played by left's policy' for an evaluation with --seat, and ', served: the mixture
+    of 3 iterates (steps 0..2)' for a checkpoint that serves the average of its iterates; else ''."""
     played_by = result.get("played_by") or {}
-    return (", seats: " + ", ".join(f"{agent} played by {other}'s policy" for agent, other in played_by.items())
+    note = (", seats: " + ", ".join(f"{agent} played by {other}'s policy" for agent, other in played_by.items())
             if played_by else "")
+    served = result.get("served", "last iterate")
+    return note + (f", served: the {served}" if served != "last iterate" else "")
 
 
 def format_value(value) -> str:

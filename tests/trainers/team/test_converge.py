@@ -152,3 +152,14 @@ def test_a_short_kuhn_poker_run_completes_with_each_converge(converge, tmp_path_
     assert [row["train/step"] for row in rows if "eval/game/exploitability" in row] == [1, 2]
     if converge == "average":
         assert [row["selfplay/average/snapshots"] for row in rows if "selfplay/average/snapshots" in row] == [2, 3]
+    # marl eval plays what the run served: the mixture of the iterates, with the run's final figures exactly
+    served, last = out / "served", out / "last"
+    assert main(["eval", "kuhn_poker", "--checkpoint", str(out), "--cache-dir", str(cache), "--tasks", "4",
+                 "--out", str(served)]) == 0
+    assert main(["eval", "kuhn_poker", "--checkpoint", str(out), "--cache-dir", str(cache), "--tasks", "4",
+                 "--out", str(last), "--last-iterate"]) == 0
+    served, last = (json.loads((folder / "eval.json").read_text()) for folder in (served, last))
+    assert last["served"] == "last iterate"
+    assert served["served"] == ("mixture of 3 iterates (steps 0..2)" if converge == "average" else "last iterate")
+    mine = served if converge == "average" else last
+    assert abs(mine["metrics"]["game/exploitability"] - after["game/exploitability"]) < 1e-9
