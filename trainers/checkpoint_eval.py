@@ -20,6 +20,7 @@ from trainers.records.layout import checkpoint_models
 from trainers.run import base_model_dir, check_context
 from trainers.team.budgets import budget_curve
 from trainers.team.evaluation import evaluate_scenario
+from trainers.team.served import SERVED, MixturePlayer, ServedAverage
 
 
 def load_actors(scenario, checkpoint: Path | None, cache_dir: str | None, log=print) -> tuple[dict, dict]:
@@ -81,7 +82,6 @@ def served_player(player, actors: dict, checkpoint: Path | None):
     as the run's held-out figures played it: trainers/team/served.py), and "mixture of N iterates (steps
     0..T)"; else the player itself and "last iterate" (the checkpoint's own weights)."""
     from trainers.records.checkpoint import CheckpointError, read_state
-    from trainers.team.served import SERVED, MixturePlayer, ServedAverage
 
     if checkpoint is None or SERVED not in actors or not hasattr(actors[SERVED], "model"):
         return player, "last iterate"
