@@ -214,8 +214,11 @@ def test_a_sigtermed_serve_of_an_adapter_removes_its_merged_copy(bases, tmp_path
         except OSError:
             time.sleep(0.2)
     assert ready and process.poll() is None, process.communicate()[0]
-    assert [p.name for p in scratch.iterdir()][0].startswith("marl-serve-")  # the merge is being served
+    def merged():  # marl's merged copies in TMPDIR (torch may keep its own caches there, e.g. torchinductor_root)
+        return [p.name for p in scratch.iterdir() if p.name.startswith("marl-serve-")]
+
+    assert len(merged()) == 1  # the merge is being served
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in output
-    assert list(scratch.iterdir()) == []  # the merged copy is gone
+    assert merged() == []  # the merged copy is gone
