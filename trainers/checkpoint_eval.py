@@ -83,19 +83,25 @@ def served_player(player, actors: dict, checkpoint: Path | None):
     0..T)"; else the player itself and "last iterate" (the checkpoint's own weights)."""
     from trainers.records.checkpoint import CheckpointError, read_state
 
-    if checkpoint is None or SERVED not in actors or not hasattr(actors[SERVED], "model"):
+    if checkpoint is None or SERVED not in actors or not hasattr(actors[SERVED], "model") \
+            or not (Path(checkpoint) / "state.pt").exists():  # a folder of models only: nothing else to serve
         return player, "last iterate"
     state = read_state(checkpoint)
-    average = (state.get("pool") or {}).get("average")
+    pool = state.get("pool") if isinstance(state, dict) else None
+    average = pool.get("average") if isinstance(pool, dict) else None
     if not average:
         return player, "last iterate"
-    served = ServedAverage(actors[SERVED].model, int(average["every"]), int(average["seed"]))
-    served.load_state_dict(average)
-    live = set(actors[SERVED].model.state_dict())
-    if any(set(entry["snapshot"]) != live for entry in average["entries"]):
+    try:
+        served = ServedAverage(actors[SERVED].model, int(average["every"]), int(average["seed"]))
+        served.load_state_dict(average)
+        live = set(actors[SERVED].model.state_dict())
+        fits = all(set(entry["snapshot"]) == live for entry in average["entries"])
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        fits = False
+    if not fits:
         raise CheckpointError(f"checkpoint {checkpoint}: the iterates' snapshots in state.pt do not fit the "
-                              "model it holds (other weights' names); pass --last-iterate to play its own weights")
-    step = int(state["step"])
+                              "model it holds; pass --last-iterate to play its own weights")
     mixture = MixturePlayer(player, served, step)
     return mixture, f"mixture of {len(mixture.components)} iterates (steps 0..{step})"
 

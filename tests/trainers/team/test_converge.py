@@ -163,3 +163,12 @@ def test_a_short_kuhn_poker_run_completes_with_each_converge(converge, tmp_path_
     assert served["served"] == ("mixture of 3 iterates (steps 0..2)" if converge == "average" else "last iterate")
     mine = served if converge == "average" else last
     assert abs(mine["metrics"]["game/exploitability"] - after["game/exploitability"]) < 1e-9
+    if converge == "average":  # snapshots that do not fit the model the checkpoint is played by: one clear error
+        import torch
+        from types import SimpleNamespace
+
+        from trainers.checkpoint_eval import served_player
+        from trainers.records.checkpoint import CheckpointError, latest_checkpoint
+
+        with pytest.raises(CheckpointError, match="--last-iterate"):
+            served_player(None, {"shared": SimpleNamespace(model=torch.nn.Linear(2, 2))}, latest_checkpoint(out))
