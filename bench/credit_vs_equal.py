@@ -329,7 +329,6 @@ def run_setting(scenario_path: Path, p: float, seeds: list[int], args) -> dict:
 def main(argv=None) -> int:
     """Train both conditions on every seed and free-rider accuracy, print the curves, tables and verdict."""
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from bench.support.runtime import one_quiet_thread
 
     one_quiet_thread()

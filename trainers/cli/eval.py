@@ -25,7 +25,7 @@ from trainers.cli.common import (UsageError, add_judge_cache_argument, add_scena
 from trainers.judging import CACHE_FILE, resolve_local_judges
 from trainers.records.layout import resolve_checkpoint, run_dir_of
 from trainers.team.budgets import budget_table, parse_budgets, write_budget_curve
-from trainers.team.evaluation import format_value, seating_note, write_eval_report
+from trainers.team.evaluation import format_value, seating_note, served_note, write_eval_report
 
 
 def add_parser(commands) -> None:
@@ -137,7 +137,7 @@ def _write(result: dict, out: Path) -> tuple[Path, Path]:
 def eval_table(result: dict) -> str:
     """A short plain-text table of the metrics (and per-agent credit) for the terminal."""
     lines = [f"{result['scenario']}: {result['tasks']} held-out tasks, temperature 0, {result['checkpoint']}"
-             + seating_note(result)]
+             + seating_note(result) + served_note(result)]
     lines += [f"  {name:<26}{format_value(value):>8}" for name, value in result["metrics"].items()]
     para = result["paraphrase"]
     lines.append(f"  (paraphrases: {para['tasks_reached']} of {para['tasks_with_variants']} tasks with variants "

@@ -378,7 +378,7 @@ def eval_markdown(result: dict) -> str:
     """The evaluation as markdown: a metric table, paraphrase coverage, per-agent credit, failures."""
     lines = [f"# marl eval: {result['scenario']}", "",
              f"{result['tasks']} held-out tasks at temperature 0 ({result['mode']}), "
-             f"checkpoint: {result.get('checkpoint', '-')}{seating_note(result)}, retries: {result['retries']}, "
+             f"checkpoint: {result.get('checkpoint', '-')}{seating_note(result)}{served_note(result)}, retries: {result['retries']}, "
              f"masked episodes: {result['masked_episodes']}.", "",
              "| metric | value | definition |", "|---|---|---|"]
     lines += [f"| {name} | {format_value(value)} | {definition(name)} |" for name, value in result["metrics"].items()]
@@ -400,13 +400,17 @@ def eval_markdown(result: dict) -> str:
 
 
 def seating_note(result: dict) -> str:
-    """', seats: final played by left's policy' for an evaluation with --seat, and ', served: the mixture
-    of 3 iterates (steps 0..2)' for a checkpoint that serves the average of its iterates; else ''."""
+    """', seats: final played by left's policy' for an evaluation with --seat, else ''."""
     played_by = result.get("played_by") or {}
-    note = (", seats: " + ", ".join(f"{agent} played by {other}'s policy" for agent, other in played_by.items())
+    return (", seats: " + ", ".join(f"{agent} played by {other}'s policy" for agent, other in played_by.items())
             if played_by else "")
+
+
+def served_note(result: dict) -> str:
+    """', served: the mixture of 3 iterates (steps 0..2)' for a checkpoint that serves the average of its
+    iterates, else '' (the checkpoint's own weights)."""
     served = result.get("served", "last iterate")
-    return note + (f", served: the {served}" if served != "last iterate" else "")
+    return f", served: the {served}" if served != "last iterate" else ""
 
 
 def format_value(value) -> str:
